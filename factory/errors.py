@@ -1,0 +1,183 @@
+"""The one exception hierarchy of the factory.
+
+Every error the factory raises on purpose is a ``FactoryError``; a caller that
+wants "anything the factory decided to refuse" catches that one class. The
+tree (kept in step with the classes below)::
+
+    FactoryError
+    ├── ConfigError                 recipe/CLI problem; .key_path names the field
+    ├── SeedError                   one seed cannot become a trajectory; .reason code
+    │   └── SeedFormatError         unreadable bytes, unknown layout, bad roles ...
+    ├── RepairError                 JSON could not be recovered without guessing
+    ├── ValidationError             a trajectory breaks a rule; .issues lists them
+    ├── LLMError                    transport or model failure, after translation
+    │   ├── LLMTimeout              request timed out (retryable)
+    │   ├── LLMRateLimited          429; .retry_after seconds if the server said
+    │   ├── LLMServerError          5xx / connection problems (retryable)
+    │   └── LLMBadRequest           4xx other than 408/429 (not retryable)
+    ├── BudgetExceeded              a cost / token / call cap was reached
+    └── EnvironmentError_           executable world refused an action (tool error)
+
+Messages say what to do next and never carry a secret or a whole payload:
+``short()`` truncates any input echoed into a message.
+
+Exit codes of ``python -m factory.run`` are attached to the top-level classes
+(``exit_code``) so the CLI maps errors to documented codes in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BudgetExceeded",
+    "ConfigError",
+    "EnvironmentError_",
+    "FactoryError",
+    "LLMBadRequest",
+    "LLMError",
+    "LLMRateLimited",
+    "LLMServerError",
+    "LLMTimeout",
+    "RepairError",
+    "SeedError",
+    "SeedFormatError",
+    "ValidationError",
+    "short",
+]
+
+# Documented in README ("Exit codes").
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+EXIT_INPUT = 3
+EXIT_BUDGET = 4
+
+
+def short(value: Any, limit: int = 200) -> str:
+    """Render ``value`` for an error message, truncated so payloads never flood logs."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > limit:
+        return text[:limit] + f"... [{len(text) - limit} more chars]"
+    return text
+
+
+class FactoryError(Exception):
+    """Root of every error the factory raises on purpose."""
+
+    exit_code = EXIT_INTERNAL
+    reason = "error"
+
+    def __init__(self, message: str, *, row_id: str | None = None, stage: str | None = None):
+        super().__init__(message)
+        self.row_id = row_id
+        self.stage = stage
+
+    def describe(self) -> str:
+        """``Type: message`` as stored in the error fields of reject/failed rows."""
+        return f"{type(self).__name__}: {self}"
+
+
+class ConfigError(FactoryError):
+    """The recipe or a CLI override is wrong; ``key_path`` names the field (``llm.model``)."""
+
+    exit_code = EXIT_CONFIG
+    reason = "config"
+
+    def __init__(self, message: str, *, key_path: str = "", **kw: Any):
+        prefix = f"{key_path}: " if key_path else ""
+        super().__init__(prefix + message, **kw)
+        self.key_path = key_path
+
+
+class SeedError(FactoryError):
+    """One seed record cannot be used; ``reason`` is a machine-readable code."""
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, reason: str, message: str, **kw: Any):
+        super().__init__(message, **kw)
+        self.reason = reason
+
+
+class SeedFormatError(SeedError):
+    """The seed's bytes or layout cannot be read as any supported format."""
+
+
+class RepairError(FactoryError):
+    """Malformed JSON that cannot be recovered without changing its meaning."""
+
+    def __init__(self, reason: str, message: str, **kw: Any):
+        super().__init__(message, **kw)
+        self.reason = reason
+
+
+class ValidationError(FactoryError):
+    """A trajectory breaks one or more rules; ``issues`` holds them (first = reason)."""
+
+    def __init__(self, issues: list[Any], **kw: Any):
+        first = issues[0] if issues else None
+        super().__init__(str(first) if first is not None else "invalid trajectory", **kw)
+        self.issues = issues
+        self.reason = getattr(first, "code", "invalid")
+
+
+class LLMError(FactoryError):
+    """An LLM call failed; subclasses say whether a retry can help."""
+
+    retryable = False
+    reason = "llm_error"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None,
+                 **kw: Any):
+        super().__init__(message, **kw)
+        self.endpoint = endpoint
+        self.status = status
+
+
+class LLMTimeout(LLMError):
+    """The request did not complete within the configured timeout."""
+
+    retryable = True
+    reason = "llm_timeout"
+
+
+class LLMRateLimited(LLMError):
+    """HTTP 429; ``retry_after`` is the server's hint in seconds, if it gave one."""
+
+    retryable = True
+    reason = "llm_rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class LLMServerError(LLMError):
+    """5xx, 408, or a connection failure: the server may succeed on a retry."""
+
+    retryable = True
+    reason = "llm_server_error"
+
+
+class LLMBadRequest(LLMError):
+    """A 4xx the server will repeat however often we ask (bad model name, bad key ...)."""
+
+    reason = "llm_bad_request"
+
+
+class BudgetExceeded(FactoryError):
+    """A configured cap (``max_cost_usd``, ``max_tokens``, ``max_calls``) was reached."""
+
+    exit_code = EXIT_BUDGET
+    reason = "budget"
+
+    def __init__(self, cap: str, message: str, **kw: Any):
+        super().__init__(message, **kw)
+        self.cap = cap
+
+
+class EnvironmentError_(FactoryError):  # noqa: N801 - avoid shadowing builtin EnvironmentError
+    """An executable world refused an action; its text becomes an ``Error: ...`` observation."""
+
+    reason = "env_error"
