@@ -1,0 +1,379 @@
+"""Recipe configuration: one typed source of truth for every YAML recipe.
+
+The pydantic models below generate the JSON Schema shipped in
+``factory/schemas/recipe.schema.json`` (regenerate with
+``python -m factory.config --write-schema``; a test checks it is current).
+Loading validates the raw YAML against that shipped schema first, so an
+unknown key, a wrong type or a missing value is reported with its key path
+(``llm.sampling.temperature: expected number, got 'hot'``) before any work,
+then builds the typed model the rest of the code reads.
+
+Relative paths inside a recipe are resolved against the recipe file's folder,
+so ``pipelines/airline.yaml`` can say ``../seeds/airline/seeds.jsonl`` and
+work from any working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from factory.errors import ConfigError
+from factory.trajectory import canonical_json
+
+__all__ = [
+    "SCHEMA_PATH",
+    "AmplifyConfig",
+    "DomainConfig",
+    "EndpointConfig",
+    "LLMConfig",
+    "OutputConfig",
+    "PrefilterConfig",
+    "PriceConfig",
+    "RayConfig",
+    "RecipeConfig",
+    "RetryConfig",
+    "SeedsConfig",
+    "apply_overrides",
+    "config_hash",
+    "load_recipe",
+    "resolve_recipe_path",
+]
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "recipe.schema.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class DomainConfig(_Strict):
+    name: str = Field(description="Domain name, e.g. 'airline'.")
+    tools: str = Field(description="JSON file: list of OpenAI function specs with x-kind.")
+    policy: str | None = Field(None, description="Markdown policy shown to models and agents.")
+    rules: str | None = Field(None, description="filters/<domain>.yaml with domain rules.")
+
+
+class SeedsConfig(_Strict):
+    path: str | list[str] | None = Field(
+        None, description="File, folder or glob (or a list of them) of seed trajectories."
+    )
+    hf_dataset: str | None = Field(
+        None, description="Hugging Face dataset id or local dataset folder (instead of path)."
+    )
+    hf_split: str = Field("train", description="Split of hf_dataset.")
+    tools_from_domain: bool = Field(
+        True, description="Give seeds without a tools field the domain's tool list."
+    )
+    min_reward: float | None = Field(
+        None, description="Reject seeds whose recorded reward is below this (tau-bench)."
+    )
+    limit: int | None = Field(None, ge=1, description="Read at most this many seed records.")
+
+
+class EndpointConfig(_Strict):
+    base_url: str = Field(description="OpenAI-compatible base URL ending in /v1.")
+    api_key_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding this endpoint's key. "
+        "Keys are never written in recipes.",
+    )
+    weight: int = Field(1, ge=1, description="Relative capacity (e.g. GPUs behind it).")
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(6, ge=1, description="Attempts per request, first included.")
+    base_delay_s: float = Field(1.0, gt=0, description="First backoff delay.")
+    max_delay_s: float = Field(60.0, gt=0, description="Cap on one backoff delay.")
+
+
+class PriceConfig(_Strict):
+    input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens.")
+    cached_input_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million cached prompt tokens (default: input price)."
+    )
+    output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
+
+
+class LLMConfig(_Strict):
+    model: str = Field(description="Model id, e.g. gpt-5, o4-mini, or a vLLM served name.")
+    endpoints: list[EndpointConfig] = Field(
+        default_factory=lambda: [
+            EndpointConfig(base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY")
+        ],
+        min_length=1,
+        description="One endpoint, or a pool of OpenAI-compatible servers.",
+    )
+    sampling: dict[str, Any] = Field(
+        default_factory=dict,
+        description="temperature, top_p, max_tokens / max_completion_tokens, reasoning_effort, seed.",
+    )
+    concurrency: int = Field(64, ge=1, description="Requests in flight across all actors.")
+    per_actor_concurrency: int = Field(32, ge=1, description="Requests in flight per actor.")
+    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
+    retry: RetryConfig = Field(default_factory=RetryConfig)  # type: ignore[arg-type]
+
+
+class PrefilterConfig(_Strict):
+    enabled: bool = Field(True, description="Ask an LLM judge whether each valid seed is kept.")
+    model: str | None = Field(None, description="Judge model (default: llm.model).")
+    prompt: str = Field("../prompts/prefilter.j2", description="Judge prompt template.")
+    completion_tokens_estimate: int = Field(
+        80, ge=1, description="Planning estimate of a verdict's length in tokens."
+    )
+
+
+class AmplifyConfig(_Strict):
+    target: int = Field(ge=1, description="Accepted trajectories to produce.")
+    seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
+    prompt: str = Field("../prompts/amplify.j2", description="Amplification prompt template.")
+    expected_yield: float = Field(
+        0.85, gt=0, le=1, description="Planning estimate of accepted / issued calls."
+    )
+    max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
+    max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")
+    max_tokens: int | None = Field(None, ge=1, description="Stop issuing at this many tokens.")
+    system_prompt_format: Literal["json", "hermes"] = Field(
+        "json", description="Tools block format of the deployment system prompt in the output."
+    )
+
+
+class OutputConfig(_Strict):
+    dir: str = Field("out", description="Output folder (overridden by --output).")
+    dataset_name: str = Field(description="Key of the dataset_info.json entry.")
+    shard_rows: int = Field(5000, ge=1, description="Rows per Parquet shard at most.")
+    reasoning: Literal["keep", "strip"] = Field(
+        "keep", description="keep: <think>...</think> before calls and answers; strip: drop it."
+    )
+
+
+class RayConfig(_Strict):
+    batch_size: int = Field(16, ge=1, description="Rows per batch in LLM actor stages.")
+    actors: int = Field(2, ge=1, description="Actors per LLM stage.")
+    num_cpus: float = Field(
+        0.25, gt=0, le=8, description="CPUs per actor (fractional on small machines)."
+    )
+
+
+class RecipeConfig(_Strict):
+    name: str = Field(description="Recipe name, recorded in the manifest.")
+    pipeline: Literal["curate", "amplify"] = Field(
+        description="curate: validate and convert seeds; amplify: LLM synthesis from seeds."
+    )
+    domain: DomainConfig
+    seeds: SeedsConfig
+    llm: LLMConfig | None = None
+    prefilter: PrefilterConfig = Field(default_factory=PrefilterConfig)  # type: ignore[arg-type]
+    amplify: AmplifyConfig | None = None
+    output: OutputConfig
+    ray: RayConfig = Field(default_factory=RayConfig)  # type: ignore[arg-type]
+    prices: dict[str, PriceConfig] = Field(
+        default_factory=dict, description="USD prices per model id, used for cost and planning."
+    )
+
+    # Filled by load_recipe, not part of the schema.
+    _base_dir: Path = Path(".")
+
+    def resolve(self, path: str) -> Path:
+        """A recipe path made absolute against the recipe's folder."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self._base_dir / p).resolve()
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def json_schema() -> dict[str, Any]:
+    """The recipe JSON Schema, generated from the models above."""
+    schema = RecipeConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "factory recipe"
+    return schema
+
+
+def _shipped_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def resolve_recipe_path(name: str | Path, cwd: Path | None = None) -> Path:
+    """Find a recipe: the path as given, else ``pipelines/NAME`` (with or without .yaml).
+
+    Why: ``ray job submit -- python -m factory.run airline.yaml`` is run from the
+    repository root, where the file lives under ``pipelines/``.
+    """
+    cwd = cwd or Path.cwd()
+    given = Path(name)
+    candidates = [given if given.is_absolute() else cwd / given]
+    if not given.is_absolute() and len(given.parts) == 1:
+        for stem in (given.name, f"{given.name}.yaml"):
+            candidates.append(cwd / "pipelines" / stem)
+    for cand in candidates:
+        if cand.is_file():
+            return cand.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"recipe not found (tried {tried})", key_path="recipe")
+
+
+def _format_error(err: jsonschema.ValidationError) -> ConfigError:
+    path = ".".join(str(p) for p in err.absolute_path)
+    v = err.validator
+    if v == "additionalProperties":
+        allowed = sorted((err.schema.get("properties") or {}).keys())
+        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        key = f"{path}.{extra[0]}" if path and extra else (extra[0] if extra else path)
+        return ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=key)
+    if v == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        key = f"{path}.{missing}" if path else missing
+        return ConfigError("missing required value", key_path=key)
+    if v == "type" or v == "anyOf":
+        expected = err.schema.get("type") or [
+            s.get("type") for s in err.schema.get("anyOf", []) if "type" in s
+        ]
+        return ConfigError(
+            f"expected {expected}, got {type(err.instance).__name__} {err.instance!r}"[:300],
+            key_path=path or "<root>",
+        )
+    if v == "enum" or v == "const":
+        allowed = err.schema.get("enum") or [err.schema.get("const")]
+        return ConfigError(f"expected one of {allowed}, got {err.instance!r}", key_path=path)
+    return ConfigError(err.message[:300], key_path=path or "<root>")
+
+
+def validate_raw(raw: Any) -> None:
+    """Validate a raw recipe mapping against the shipped JSON Schema.
+
+    Raises:
+        ConfigError: naming the first offending key path (the deepest, most specific error).
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError("a recipe must be a YAML mapping", key_path="<root>")
+    validator = jsonschema.Draft202012Validator(_shipped_schema())
+    errors = list(validator.iter_errors(raw))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        # Descend into anyOf branches (optional sections) for the most precise message.
+        while best.context:
+            best = jsonschema.exceptions.best_match(best.context)
+        raise _format_error(best)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set expects key.path=value, got {item!r}", key_path="--set")
+    key, _, value = item.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set has an empty key in {item!r}", key_path="--set")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"value is not valid YAML: {exc}", key_path=key) from exc
+    return parts, parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set key.path=value`` items (values parsed as YAML) to a raw recipe.
+
+    List items are addressed by index (``llm.endpoints.0.base_url``). Intermediate
+    mappings are created as needed; whether the key is allowed is the schema's call.
+    """
+    for item in overrides:
+        parts, value = _parse_override(item)
+        node: Any = raw
+        for i, part in enumerate(parts[:-1]):
+            where = ".".join(parts[: i + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError("no such list index", key_path=where)
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                if node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
+            else:
+                raise ConfigError("cannot set a key inside a scalar", key_path=where)
+        last = parts[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError("no such list index", key_path=".".join(parts))
+            node[int(last)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError("cannot set a key inside a scalar", key_path=".".join(parts))
+    return raw
+
+
+def _semantic_checks(cfg: RecipeConfig) -> None:
+    if cfg.seeds.path is None and cfg.seeds.hf_dataset is None:
+        raise ConfigError("set seeds.path or seeds.hf_dataset", key_path="seeds")
+    if cfg.pipeline == "amplify":
+        if cfg.llm is None:
+            raise ConfigError("the amplify pipeline needs an llm section", key_path="llm")
+        if cfg.amplify is None:
+            raise ConfigError("the amplify pipeline needs an amplify section", key_path="amplify")
+    if cfg.llm is not None and cfg.llm.per_actor_concurrency > cfg.llm.concurrency:
+        raise ConfigError(
+            f"per-actor limit {cfg.llm.per_actor_concurrency} exceeds the global "
+            f"limit {cfg.llm.concurrency}",
+            key_path="llm.per_actor_concurrency",
+        )
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
+    """Read, override, validate and type a recipe.
+
+    Raises:
+        ConfigError: unreadable YAML, schema violation (with key path) or an
+            inconsistent combination of sections.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}", key_path="recipe") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"recipe {path} is not valid YAML: {exc}", key_path="recipe") from exc
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict):
+        raw = apply_overrides(raw, overrides or [])
+    validate_raw(raw)
+    try:
+        cfg = RecipeConfig.model_validate(raw)
+    except PydanticValidationError as exc:  # the schema should have caught it; keep the path
+        first = exc.errors()[0]
+        raise ConfigError(first["msg"], key_path=".".join(map(str, first["loc"]))) from exc
+    cfg._base_dir = path.resolve().parent
+    _semantic_checks(cfg)
+    return cfg
+
+
+def config_hash(cfg: RecipeConfig) -> str:
+    """Hash of everything that changes the output (all recipe values, not the output dir)."""
+    data = cfg.model_dump(mode="json")
+    data.get("output", {}).pop("dir", None)
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
+
+
+def _main(argv: list[str]) -> int:
+    if argv == ["--write-schema"]:
+        SCHEMA_PATH.parent.mkdir(parents=True, exist_ok=True)
+        SCHEMA_PATH.write_text(json.dumps(json_schema(), indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {SCHEMA_PATH}")
+        return 0
+    print("usage: python -m factory.config --write-schema", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

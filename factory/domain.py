@@ -1,0 +1,93 @@
+"""A domain pack: the tools, the policy and the validation rules of one domain.
+
+Why a pack and not code: a new domain should need data files (a tool list, a
+policy, ``filters/<domain>.yaml``), not a Python module. The executable world
+of a domain (``factory.envs``) is optional and separate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from factory.errors import ConfigError
+from factory.trajectory import normalize_tool_spec
+
+if TYPE_CHECKING:
+    from factory.config import RecipeConfig
+    from factory.rules import DomainRules
+
+__all__ = ["KINDS", "Domain", "load_domain"]
+
+KINDS = ("read", "write", "generic")
+
+
+@dataclass
+class Domain:
+    """Tools (bare specs, with ``x-kind``), policy text and rules of a domain."""
+
+    name: str
+    tools: list[dict[str, Any]]
+    policy: str = ""
+    rules: DomainRules | None = None
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    def public_tools(self) -> list[dict[str, Any]]:
+        """Tool specs as models and trainers see them: without ``x-`` keys."""
+        return [{k: v for k, v in t.items() if not k.startswith("x-")} for t in self.tools]
+
+    def write_tools(self) -> set[str]:
+        return {name for name, kind in self.kinds.items() if kind == "write"}
+
+
+def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read tools file {path}: {exc.strerror}", key_path=key_path) from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"tools file {path} is not JSON: {exc}", key_path=key_path) from exc
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"tools file {path} must hold a non-empty list", key_path=key_path)
+    tools, kinds = [], {}
+    for i, spec in enumerate(raw):
+        try:
+            tool = normalize_tool_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"tool #{i} in {path}: {exc}", key_path=key_path) from exc
+        kind = tool.get("x-kind", "generic")
+        if kind not in KINDS:
+            raise ConfigError(
+                f"tool {tool['name']!r}: x-kind must be one of {KINDS}, got {kind!r}",
+                key_path=key_path,
+            )
+        tools.append(tool)
+        kinds[tool["name"]] = kind
+    return tools, kinds
+
+
+def load_domain(cfg: RecipeConfig) -> Domain:
+    """Load the pack the recipe's ``domain`` section points at.
+
+    Raises:
+        ConfigError: a file is missing or malformed (the key path names the recipe field).
+    """
+    from factory.rules import DomainRules  # local: rules imports jsonschema validators
+
+    d = cfg.domain
+    tools, kinds = _load_tools(cfg.resolve(d.tools), "domain.tools")
+    policy = ""
+    if d.policy:
+        try:
+            policy = cfg.resolve(d.policy).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read policy: {exc.strerror}", key_path="domain.policy") from exc
+    rules = None
+    if d.rules:
+        rules_path = cfg.resolve(d.rules)
+        if not rules_path.is_file():
+            raise ConfigError(f"rules file {rules_path} not found", key_path="domain.rules")
+        rules = DomainRules.load(rules_path)
+    return Domain(name=d.name, tools=tools, policy=policy, rules=rules, kinds=kinds)

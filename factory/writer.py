@@ -1,0 +1,239 @@
+"""Output writing: Parquet shards, rejects, ``dataset_info.json`` and the manifest.
+
+Why the driver writes (not ``Dataset.write_parquet``): the factory must stop at
+an exact target, count every row, and never leave a half-written shard where a
+loader would read it. Each file is written under ``OUTPUT/.tmp/`` and moved into
+place with ``os.replace`` (atomic on one filesystem); loaders ignore the hidden
+folder. A crash therefore leaves only whole shards.
+
+Layout::
+
+    OUTPUT/
+      data/part-00000.parquet ...     accepted rows (LLaMA-Factory columns + id, meta)
+      rejects/part-00000.jsonl ...    rejected/failed rows with stage, reason, message, raw
+      dataset_info.json               the LLaMA-Factory registry entry
+      manifest.json                   counts per stage and reason, config hash, versions
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "SHAREGPT_SCHEMA",
+    "Manifest",
+    "RejectWriter",
+    "ShardWriter",
+    "atomic_write_text",
+    "write_dataset_info",
+]
+
+SHAREGPT_SCHEMA = pa.schema(
+    [
+        pa.field("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
+        pa.field("system", pa.string()),
+        pa.field("tools", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("meta", pa.string()),
+    ]
+)
+
+
+def _tmp_path(out_dir: Path, name: str) -> Path:
+    tmp = out_dir / ".tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return tmp / f"{uuid.uuid4().hex}-{name}"
+
+
+def atomic_write_text(path: Path, text: str, out_dir: Path | None = None) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(out_dir or path.parent, path.name)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class ShardWriter:
+    """Buffer rows and write Parquet shards of at most ``shard_rows`` rows.
+
+    Shards are numbered in order; ``start_index`` lets a resumed run continue
+    numbering after the shards it keeps.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        subdir: str = "data",
+        schema: pa.Schema = SHAREGPT_SCHEMA,
+        shard_rows: int = 5000,
+        start_index: int = 0,
+    ):
+        self.out_dir = Path(out_dir)
+        self.dir = self.out_dir / subdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.shard_rows = shard_rows
+        self.index = start_index
+        self.rows_written = 0
+        self.files: list[str] = []
+        self._buffer: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._buffer.append(row)
+        if len(self._buffer) >= self.shard_rows:
+            self.flush()
+
+    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            self.add(row)
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        name = f"part-{self.index:05d}.parquet"
+        table = pa.Table.from_pylist(self._buffer, schema=self.schema)
+        tmp = _tmp_path(self.out_dir, name)
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, self.dir / name)
+        self.files.append(f"{self.dir.name}/{name}")
+        self.rows_written += len(self._buffer)
+        self.index += 1
+        self._buffer = []
+
+    def close(self) -> None:
+        self.flush()
+
+
+class RejectWriter:
+    """JSONL shards of rejected and failed rows, one object per line, with reasons."""
+
+    def __init__(self, out_dir: Path, *, subdir: str = "rejects", shard_rows: int = 5000):
+        self.out_dir = Path(out_dir)
+        self.dir = self.out_dir / subdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.shard_rows = shard_rows
+        self.index = 0
+        self.rows_written = 0
+        self._buffer: list[str] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._buffer.append(json.dumps(row, ensure_ascii=False, default=str))
+        if len(self._buffer) >= self.shard_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        name = f"part-{self.index:05d}.jsonl"
+        atomic_write_text(self.dir / name, "\n".join(self._buffer) + "\n", self.out_dir)
+        self.rows_written += len(self._buffer)
+        self.index += 1
+        self._buffer = []
+
+    def close(self) -> None:
+        self.flush()
+
+
+def write_dataset_info(out_dir: Path, dataset_name: str, *, formatting: str = "sharegpt") -> Path:
+    """Write the LLaMA-Factory registry entry pointing at ``data/``.
+
+    LLaMA-Factory resolves ``file_name`` against its ``dataset_dir``: pass the
+    output folder as ``dataset_dir`` and the name here as ``dataset``.
+    """
+    if formatting == "sharegpt":
+        entry: dict[str, Any] = {
+            "file_name": "data",
+            "formatting": "sharegpt",
+            "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
+            "tags": {
+                "role_tag": "from",
+                "content_tag": "value",
+                "user_tag": "human",
+                "assistant_tag": "gpt",
+                "observation_tag": "observation",
+                "function_tag": "function_call",
+            },
+        }
+    elif formatting == "alpaca":
+        entry = {
+            "file_name": "data",
+            "formatting": "alpaca",
+            "columns": {"prompt": "instruction", "query": "input", "response": "output"},
+        }
+    else:
+        raise ValueError(f"unknown formatting {formatting!r}")
+    path = Path(out_dir) / "dataset_info.json"
+    atomic_write_text(path, json.dumps({dataset_name: entry}, indent=2) + "\n", Path(out_dir))
+    return path
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("factory", "ray", "pyarrow", "openai", "datasets", "jsonschema", "json-repair"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+@dataclass
+class Manifest:
+    """Counts per stage and per reason, plus what produced the output.
+
+    ``stages`` maps a stage to ``{"in": n, "out": n, "rejected": n, "failed": n}``;
+    ``reasons`` maps ``stage`` to a Counter of reason codes. The top-level
+    ``totals`` satisfy accepted + rejected + failed = input rows (checked by
+    ``check_accounting``).
+    """
+
+    recipe: str
+    config_hash: str
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
+    reasons: dict[str, Counter[str]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def count(self, stage: str, key: str, n: int = 1) -> None:
+        self.stages.setdefault(stage, {"in": 0, "out": 0, "rejected": 0, "failed": 0})
+        self.stages[stage][key] = self.stages[stage].get(key, 0) + n
+
+    def reason(self, stage: str, code: str, n: int = 1) -> None:
+        self.reasons.setdefault(stage, Counter())[code] += n
+
+    def to_dict(self, **totals: int) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "config_hash": self.config_hash,
+            "versions": _versions(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+            "wall_time_s": round(time.time() - self.started, 3),
+            "totals": totals,
+            "stages": self.stages,
+            "reasons": {s: dict(sorted(c.items())) for s, c in self.reasons.items()},
+            **self.extra,
+        }
+
+    def write(self, out_dir: Path, **totals: int) -> Path:
+        path = Path(out_dir) / "manifest.json"
+        body = json.dumps(self.to_dict(**totals), indent=2, sort_keys=False, default=str)
+        atomic_write_text(path, body + "\n", Path(out_dir))
+        return path

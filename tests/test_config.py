@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from factory.config import (
+    SCHEMA_PATH,
+    apply_overrides,
+    config_hash,
+    json_schema,
+    load_recipe,
+    resolve_recipe_path,
+)
+from factory.errors import ConfigError
+
+from .conftest import ROOT
+
+BASE = {
+    "name": "t",
+    "pipeline": "curate",
+    "domain": {"name": "airline", "tools": "tools.json"},
+    "seeds": {"path": "seeds.jsonl"},
+    "output": {"dataset_name": "d"},
+}
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_shipped_schema_is_current() -> None:
+    shipped = json.loads(SCHEMA_PATH.read_text())
+    assert shipped == json_schema(), "run: python -m factory.config --write-schema"
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "pipelines").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_load(recipe: Path) -> None:
+    cfg = load_recipe(recipe)
+    assert cfg.resolve(cfg.domain.tools).is_file()
+
+
+def test_relative_paths_resolve_against_recipe_folder(tmp_path: Path) -> None:
+    cfg = load_recipe(write(tmp_path, BASE))
+    assert cfg.resolve("seeds.jsonl") == tmp_path / "seeds.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key_path", "words"),
+    [
+        (lambda d: d.update(bogus=1), "bogus", "unknown key"),
+        (lambda d: d["seeds"].update(limt=3), "seeds.limt", "unknown key"),
+        (lambda d: d["seeds"].update(limit="many"), "seeds.limit", "expected"),
+        (lambda d: d["output"].pop("dataset_name"), "output.dataset_name", "missing"),
+        (lambda d: d.pop("domain"), "domain", "missing"),
+        (lambda d: d.update(pipeline="bake"), "pipeline", "one of"),
+        (lambda d: d["output"].update(reasoning="maybe"), "output.reasoning", "one of"),
+        (lambda d: d.update(llm={"model": 3}), "llm.model", "expected"),
+        (lambda d: d.update(llm={"model": "m", "concurrency": 0}), "llm.concurrency", "minimum"),
+    ],
+)
+def test_bad_recipe_names_key_path(tmp_path: Path, mutate, key_path: str, words: str) -> None:
+    data = json.loads(json.dumps(BASE))
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, data))
+    assert info.value.key_path == key_path
+    assert words in str(info.value)
+
+
+def test_amplify_needs_llm_section(tmp_path: Path) -> None:
+    data = dict(BASE, pipeline="amplify", amplify={"target": 10})
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, data))
+    assert info.value.key_path == "llm"
+
+
+def test_overrides_parse_yaml_values_and_reach_lists() -> None:
+    raw = {"a": {"b": 1}, "l": [{"x": 1}]}
+    apply_overrides(raw, ["a.b=2", "a.c=[1, 2]", "l.0.x=true", "n.m=hello"])
+    assert raw == {"a": {"b": 2, "c": [1, 2]}, "l": [{"x": True}], "n": {"m": "hello"}}
+
+
+@pytest.mark.parametrize("item", ["nokey", "=3", "l.5.x=1", "a.b.c=1"])
+def test_bad_overrides(item: str) -> None:
+    with pytest.raises(ConfigError):
+        apply_overrides({"a": {"b": 1}, "l": []}, [item])
+
+
+def test_override_of_unknown_key_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, BASE), ["output.shards=3"])
+    assert info.value.key_path == "output.shards"
+
+
+def test_config_hash_ignores_output_dir(tmp_path: Path) -> None:
+    p = write(tmp_path, BASE)
+    a = config_hash(load_recipe(p, ["output.dir=x"]))
+    b = config_hash(load_recipe(p, ["output.dir=y"]))
+    c = config_hash(load_recipe(p, ["output.shard_rows=7"]))
+    assert a == b != c
+
+
+def test_bare_recipe_name_resolves_to_pipelines(tmp_path: Path) -> None:
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "airline.yaml").write_text("x: 1")
+    assert resolve_recipe_path("airline.yaml", tmp_path) == tmp_path / "pipelines" / "airline.yaml"
+    assert resolve_recipe_path("airline", tmp_path) == tmp_path / "pipelines" / "airline.yaml"
+    with pytest.raises(ConfigError):
+        resolve_recipe_path("nope.yaml", tmp_path)
