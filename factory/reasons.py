@@ -56,6 +56,8 @@ REASONS: dict[str, str] = {
     "unanswered_call": "a tool call is not followed by its observation",
     "orphan_observation": "an observation does not answer any call",
     "empty_turn": "a user or assistant turn has no content",
+    "bad_function_call": "a function_call value is not JSON that LLaMA-Factory can parse",
+    "stray_think_tag": "a <think> tag is left in assistant text once its reasoning span is cut",
     # --- dedup ---
     "duplicate": "exact duplicate of an earlier trajectory (same content hash)",
     # --- LLM stages (pre-filter, amplification) ---
