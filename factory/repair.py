@@ -36,7 +36,6 @@ notes of accepted repairs in ``Trajectory.metadata["repairs"]``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -67,6 +66,7 @@ _TOKEN = re.compile(
     """,
     re.S | re.X,
 )
+_BARE_DQUOTE = re.compile(r'(\\*)"')
 _KEYWORDS: dict[str, Any] = {
     "true": True,
     "false": False,
@@ -113,15 +113,22 @@ class _Scan:
 
 
 def _decodings(token: str, quote: str) -> set[str]:
+    """What a string literal means: its JSON decoding, or its raw text if undecodable.
+
+    Only the true decoding counts, so a json_repair result that decodes an escape
+    differently (it keeps ``\\/`` and splits surrogate pairs) is refused, not kept.
+    """
     inner = token[1:-1]
-    out = {inner}
     if quote == "'":
+        # Python-style literal: escape its bare double quotes, unescape its single quotes.
+        inner = _BARE_DQUOTE.sub(
+            lambda m: m.group(1) + ("" if len(m.group(1)) % 2 else "\\") + '"', inner
+        )
         inner = inner.replace("\\'", "'")
-        out.add(inner)
-        inner = inner.replace('"', '\\"').replace('\\\\"', '\\"')
-    with contextlib.suppress(ValueError):
-        out.add(json.loads(f'"{inner}"', strict=False))
-    return out
+    try:
+        return {json.loads(f'"{inner}"', strict=False)}
+    except ValueError:
+        return {token[1:-1]}
 
 
 def _kind(m: re.Match[str]) -> str:
