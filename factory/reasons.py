@@ -39,6 +39,7 @@ REASONS: dict[str, str] = {
     "bad_tools": "the tools field is not a list of function specs",
     "empty_trajectory": "no user or assistant turns",
     "too_large": "the record exceeds the configured size or nesting limits",
+    "unreadable_file": "the file is not a readable .jsonl/.json/.parquet container",
     # --- JSON repair (factory.repair) ---
     "malformed_arguments": "tool-call arguments could not be recovered without guessing",
     "arguments_not_object": "tool-call arguments are valid JSON but not an object",
