@@ -307,11 +307,20 @@ def check_structure(conversations: list[dict[str, Any]]) -> list[Issue]:
                 )
             )
             break  # the converter stops at the first misplaced role, so do we
-    if len(body) % 2 != 0 or _tag(body[-1]) not in _ASSISTANT_TAGS:
+    if _tag(body[-1]) not in _ASSISTANT_TAGS:
         issues.append(
             Issue(
                 "no_assistant_ending",
                 f"the conversation ends with {_tag(body[-1])!r}, not gpt or function_call",
+                turn=len(conversations) - 1,
+            )
+        )
+    elif len(body) % 2 != 0:
+        issues.append(
+            Issue(
+                "no_assistant_ending",
+                f"{len(body)} turns: the last assistant turn has no user/observation turn "
+                "of its own, so LLaMA-Factory cannot pair it",
                 turn=len(conversations) - 1,
             )
         )
