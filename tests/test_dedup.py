@@ -1,0 +1,83 @@
+"""Exact-duplicate detection by content hash."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+
+from factory.dedup import Deduper, dedup_key
+from factory.reasons import REASONS
+from factory.trajectory import ToolCall, Trajectory, Turn
+
+
+def make(**metadata: object) -> Trajectory:
+    return Trajectory(
+        system="Policy.",
+        tools=[{"name": "lookup", "description": "", "parameters": {"type": "object"}}],
+        turns=[
+            Turn("user", "find ZFA04Y"),
+            Turn("assistant", "", [ToolCall("lookup", {"id": "ZFA04Y", "n": 1})]),
+            Turn("tool", "{}"),
+            Turn("assistant", "Found it."),
+        ],
+        metadata=dict(metadata),
+    )
+
+
+def test_key_ignores_metadata_and_call_argument_order() -> None:
+    a = make(id="a", source="one.jsonl")
+    b = make(id="b", source="two.jsonl", reward=1.0)
+    b.turns[1].tool_calls[0].arguments = {"n": 1, "id": "ZFA04Y"}
+    assert dedup_key(a) == dedup_key(b) == a.content_id()
+    assert len(dedup_key(a)) == 24
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: setattr(t, "system", "Other policy."),
+        lambda t: t.tools.append({"name": "other", "description": "", "parameters": {}}),
+        lambda t: setattr(t.turns[0], "content", "find ZFA04Z"),
+        lambda t: setattr(t.turns[3], "reasoning", "because"),
+        lambda t: t.turns[1].tool_calls[0].arguments.update(n=2),
+        lambda t: t.turns.pop(),
+    ],
+    ids=["system", "tools", "text", "reasoning", "arguments", "turns"],
+)
+def test_key_changes_with_content(change: Callable[[Trajectory], object]) -> None:
+    original = make()
+    changed = copy.deepcopy(original)
+    change(changed)
+    assert dedup_key(changed) != dedup_key(original)
+
+
+def test_deduper_names_the_first_occurrence() -> None:
+    deduper = Deduper()
+    assert deduper.check(make(id="first")) is None
+    assert deduper.check(Trajectory(system="different content")) is None
+    issue = deduper.check(make(id="second"))
+    assert issue is not None
+    assert issue.code == "duplicate" and "duplicate" in REASONS
+    assert "first" in issue.message
+    assert issue.path == dedup_key(make())
+    assert len(deduper) == 2
+    assert dedup_key(make()) in deduper
+
+
+def test_rows_without_ids_fall_back_to_the_content_id() -> None:
+    deduper = Deduper()
+    assert deduper.check(make()) is None
+    issue = deduper.check(make())
+    assert issue is not None
+    assert make().content_id() in issue.message
+
+
+def test_check_key_keeps_the_first_id_for_every_later_duplicate() -> None:
+    deduper = Deduper()
+    assert deduper.check_key("k", "r1") is None
+    for row_id in ("r2", "r3", "r1"):
+        issue = deduper.check_key("k", row_id)
+        assert issue is not None and issue.message == "same content as r1"
+    assert deduper.check_key("other", "r4") is None
