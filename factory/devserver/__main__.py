@@ -1,0 +1,131 @@
+"""``python -m factory.devserver``: serve the simulated model until SIGINT/SIGTERM.
+
+Prints exactly one line, ``factory devserver listening on http://127.0.0.1:PORT/v1``,
+so scripts can read the URL (``--port 0`` picks a free port). Exits 0 on a
+signal, on ``POST /admin/stop`` and after ``--fail-after`` requests; 2 on a
+bad option; 1 when the port cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from factory.devserver.app import (
+    DEFECTS,
+    LATENCY_KINDS,
+    DevServerConfig,
+    parse_defects,
+    start_server,
+)
+from factory.errors import EXIT_CONFIG, EXIT_INTERNAL, ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m factory.devserver",
+        description="OpenAI-compatible development LLM server that simulates a model on 127.0.0.1.",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free port)")
+    p.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        metavar="ID",
+        help="model id to list (repeatable; default factory-dev)",
+    )
+    p.add_argument(
+        "--strict-models", action="store_true", help="answer 404 for a model id that is not listed"
+    )
+    p.add_argument("--latency", choices=LATENCY_KINDS, default="fixed", help="latency distribution")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="fixed or mean latency")
+    p.add_argument(
+        "--latency-spread-ms",
+        type=float,
+        default=0.0,
+        help="half-width (uniform) or standard deviation (lognormal)",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        help="requests generated at once; the rest queue",
+    )
+    p.add_argument(
+        "--defects", default="", help=f"name=rate,... with names from: {', '.join(DEFECTS)}"
+    )
+    p.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds of a 429")
+    p.add_argument("--stall-seconds", type=float, default=300.0, help="how long a stall lasts")
+    p.add_argument(
+        "--fence-rate",
+        type=float,
+        default=0.2,
+        help="share of JSON answers wrapped in a ```json fence",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-log", metavar="PATH", help="append one JSON line per request")
+    p.add_argument(
+        "--fail-after",
+        type=int,
+        metavar="N",
+        help="die (drop connections, stop listening) when request N+1 arrives",
+    )
+    return p  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> DevServerConfig:
+    """Raises: ConfigError for a bad option value."""
+    return DevServerConfig(
+        port=args.port,
+        models=tuple(args.models or ("factory-dev",)),
+        strict_models=args.strict_models,
+        latency=args.latency,
+        latency_ms=args.latency_ms,
+        latency_spread_ms=args.latency_spread_ms,
+        max_concurrency=args.max_concurrency,
+        defects=parse_defects(args.defects),
+        retry_after_s=args.retry_after,
+        stall_s=args.stall_seconds,
+        fence_rate=args.fence_rate,
+        seed=args.seed,
+        request_log=args.request_log,
+        fail_after=args.fail_after,
+    )
+
+
+async def serve(config: DevServerConfig) -> None:
+    """Serve until a signal arrives or the server dies."""
+    server = await start_server(config)
+    print(f"factory devserver listening on {server.url}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    stopped = loop.create_task(stop.wait())
+    dead = loop.create_task(server.wait_dead())
+    await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    await server.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"error: cannot listen on 127.0.0.1:{config.port}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

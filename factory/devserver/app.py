@@ -1,0 +1,657 @@
+"""The development LLM server: an OpenAI-compatible aiohttp app that simulates a model.
+
+Why a real HTTP server instead of a mocked client: retries, timeouts,
+connection pools, 429 handling and prefix-cache accounting are exactly what
+the factory's LLM layer must get right, and they only show up over a socket.
+The server behaves like a queueing vLLM endpoint -- at most
+``max_concurrency`` requests are "generated" at once, each taking a sampled
+latency, the rest wait -- and injects the failures real endpoints produce, at
+configured rates, deterministically under a seed.
+
+Determinism: every random choice of a request derives from ``seed`` and a hash
+of the request body. The *content* ignores the attempt number, so a retried
+request gets the same answer once it succeeds; the *defect draw* and latency
+include a per-body attempt counter, so a 429 at rate 0.1 is not repeated
+forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import random
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TextIO
+
+from aiohttp import web
+
+from factory.devserver import simulate
+from factory.errors import ConfigError
+
+__all__ = [
+    "DEFECTS",
+    "DevServer",
+    "DevServerConfig",
+    "RunningServer",
+    "build_app",
+    "parse_defects",
+    "start_server",
+]
+
+HOST = "127.0.0.1"
+TRANSPORT_DEFECTS: tuple[str, ...] = ("rate_limit", "server_error", "stall")
+DEFECTS: tuple[str, ...] = TRANSPORT_DEFECTS + simulate.CONTENT_DEFECTS
+LATENCY_KINDS = ("fixed", "uniform", "lognormal")
+FINGERPRINT = "factory-devserver"
+_PREFIX_CACHE_SIZE = 200_000
+_ATTEMPTS_CAP = 2_000_000
+_CLIENT_GONE = 499  # nginx's "client closed request": no response was delivered
+
+
+@dataclass
+class DevServerConfig:
+    """How the simulated model behaves. ``port=0`` binds an ephemeral port.
+
+    ``latency`` is ``fixed`` (``latency_ms``), ``uniform`` (mean ± spread) or
+    ``lognormal`` (mean and standard deviation ``latency_spread_ms``).
+    ``defects`` maps a name of ``DEFECTS`` to its rate; rates add up to at most 1.
+    """
+
+    port: int = 0
+    models: tuple[str, ...] = ("factory-dev",)
+    strict_models: bool = False
+    latency: str = "fixed"
+    latency_ms: float = 0.0
+    latency_spread_ms: float = 0.0
+    max_concurrency: int = 256
+    defects: dict[str, float] = field(default_factory=dict)
+    retry_after_s: float = 1.0
+    stall_s: float = 300.0
+    fence_rate: float = 0.2
+    seed: int = 0
+    request_log: str | None = None
+    fail_after: int | None = None
+
+    def __post_init__(self) -> None:
+        self.models = tuple(self.models)
+        if not self.models or not all(isinstance(m, str) and m for m in self.models):
+            raise ConfigError("give at least one non-empty model id", key_path="devserver.models")
+        if self.latency not in LATENCY_KINDS:
+            raise ConfigError(
+                f"unknown latency kind {self.latency!r}; use one of {', '.join(LATENCY_KINDS)}",
+                key_path="devserver.latency",
+            )
+        for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError("must be >= 0", key_path=f"devserver.{key}")
+        if self.max_concurrency < 1:
+            raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
+        if not 0.0 <= self.fence_rate <= 1.0:
+            raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
+        if self.fail_after is not None and self.fail_after < 0:
+            raise ConfigError("must be >= 0", key_path="devserver.fail_after")
+        for name, rate in self.defects.items():
+            if name not in DEFECTS:
+                raise ConfigError(
+                    f"unknown defect {name!r}; known: {', '.join(DEFECTS)}",
+                    key_path="devserver.defects",
+                )
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigError(
+                    f"rate of {name} must be within [0, 1]", key_path="devserver.defects"
+                )
+        if sum(self.defects.values()) > 1.0 + 1e-9:
+            raise ConfigError(
+                "defect rates add up to more than 1; each request gets at most one defect",
+                key_path="devserver.defects",
+            )
+
+
+def parse_defects(spec: str) -> dict[str, float]:
+    """``"malformed_json=0.05,rate_limit=0.1"`` -> ``{"malformed_json": 0.05, "rate_limit": 0.1}``.
+
+    Raises:
+        ConfigError: an item is not ``name=rate`` with a numeric rate.
+    """
+    out: dict[str, float] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, rate = item.partition("=")
+        try:
+            out[name.strip()] = float(rate)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ConfigError(f"expected name=rate, got {item!r}", key_path="devserver.defects")
+    return out
+
+
+def _seed_int(seed: int, digest: bytes, tag: str) -> int:
+    h = hashlib.blake2b(digest, digest_size=8, key=f"{seed}:{tag}".encode()[:64])
+    return int.from_bytes(h.digest(), "big")
+
+
+def _tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def _error(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error body shaped like OpenAI's, which the SDK turns into its typed exceptions."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+class _State:
+    """Counters, caches and the queue of one server; lives on the server's event loop."""
+
+    def __init__(self, config: DevServerConfig) -> None:
+        self.config = config
+        self.started = time.time()
+        self.slots = asyncio.Semaphore(config.max_concurrency)
+        self.counts: Counter[str] = Counter()
+        self.by_status: Counter[str] = Counter()
+        self.by_defect: Counter[str] = Counter()
+        self.by_kind: Counter[str] = Counter()
+        self.open = self.in_flight = self.max_in_flight = self.waiting = self.max_waiting = 0
+        self.attempts: dict[bytes, int] = {}
+        self.prefixes: OrderedDict[bytes, int] = OrderedDict()
+        self.transports: set[asyncio.Transport] = set()
+        self.log: TextIO | None = None
+        self.dead = False
+        self.died: asyncio.Event | None = None
+        self.runner: web.AppRunner | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.defect_table: list[tuple[float, str]] = []
+        total = 0.0
+        for name in DEFECTS:
+            if config.defects.get(name):
+                total += config.defects[name]
+                self.defect_table.append((total, name))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.counts["requests"],
+            "completed": self.counts["completed"],
+            "by_status": dict(self.by_status),
+            "by_defect": dict(self.by_defect),
+            "by_kind": dict(self.by_kind),
+            "open": self.open,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "waiting": self.waiting,
+            "max_waiting": self.max_waiting,
+            "prompt_tokens": self.counts["prompt_tokens"],
+            "cached_tokens": self.counts["cached_tokens"],
+            "completion_tokens": self.counts["completion_tokens"],
+            "alive": not self.dead,
+            "uptime_s": round(time.time() - self.started, 3),
+        }
+
+    # --- per-request draws -----------------------------------------------------------
+    def draw_defect(self, rng: random.Random) -> str | None:
+        if not self.defect_table:
+            return None
+        u = rng.random()
+        for bound, name in self.defect_table:
+            if u < bound:
+                return name
+        return None
+
+    def latency_s(self, rng: random.Random) -> float:
+        c = self.config
+        mean, spread = c.latency_ms / 1000.0, c.latency_spread_ms / 1000.0
+        if c.latency == "uniform":
+            return rng.uniform(max(0.0, mean - spread), mean + spread)
+        if c.latency == "lognormal" and mean > 0:
+            sigma2 = math.log1p((spread / mean) ** 2)
+            return rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+        return mean
+
+    def next_attempt(self, digest: bytes) -> int:
+        if len(self.attempts) >= _ATTEMPTS_CAP:
+            self.attempts.clear()
+        attempt = self.attempts.get(digest, 0)
+        self.attempts[digest] = attempt + 1
+        return attempt
+
+    def prompt_usage(
+        self, model: str, messages: list[dict[str, Any]], tools: Any
+    ) -> tuple[int, int]:
+        """Estimated prompt tokens and how many of them a prefix cache would already hold."""
+        h = hashlib.blake2b(model.encode(), digest_size=16)
+        total = _tokens(json.dumps(tools)) if tools else 0
+        cached = 0
+        keys: list[tuple[bytes, int]] = []
+        for m in messages:
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            extra = json.dumps(m["tool_calls"]) if m.get("tool_calls") else ""
+            h.update(f"\x1e{m.get('role')}\x1f{m.get('name') or ''}\x1f{text}\x1f{extra}".encode())
+            total += _tokens(text) + _tokens(extra) + 4
+            key = h.digest()
+            if key in self.prefixes:
+                cached = total
+                self.prefixes.move_to_end(key)
+            keys.append((key, total))
+        for key, upto in keys:
+            self.prefixes[key] = upto
+        while len(self.prefixes) > _PREFIX_CACHE_SIZE:
+            self.prefixes.popitem(last=False)
+        return total, cached
+
+    def record(
+        self, digest: bytes, attempt: int, kind: str, status: int, defect: str | None
+    ) -> None:
+        self.by_status[str(status)] += 1
+        if defect:
+            self.by_defect[defect] += 1
+        if status == 200:
+            self.counts["completed"] += 1
+        if self.log is not None:
+            row = {
+                "time": round(time.time(), 6),
+                "body_hash": digest.hex(),
+                "attempt": attempt,
+                "kind": kind,
+                "status": status,
+                "defect": defect,
+                "completed": status == 200,
+            }
+            self.log.write(json.dumps(row) + "\n")
+
+    # --- death -------------------------------------------------------------------------
+    def die(self) -> None:
+        """Drop every connection and stop listening, as if the process had been killed."""
+        if self.dead:
+            return
+        self.dead = True
+        for transport in list(self.transports):
+            transport.abort()
+        task = asyncio.get_running_loop().create_task(self._cleanup())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _cleanup(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+        if self.died is not None:
+            self.died.set()
+
+
+_STATE: web.AppKey[_State] = web.AppKey("state", _State)
+
+
+# --------------------------------------------------------------------------------------
+# Handlers
+# --------------------------------------------------------------------------------------
+async def _drop(transport: asyncio.Transport | None) -> NoReturn:
+    """Reset the connection without an answer, like a killed process would."""
+    if transport is not None:
+        transport.abort()  # connection_lost then cancels this handler (handler_cancellation)
+    await asyncio.sleep(5)
+    raise asyncio.CancelledError
+
+
+async def _models(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": "factory"}
+        for m in state.config.models
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_STATE].snapshot())
+
+
+async def _admin_stop(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    asyncio.get_running_loop().call_later(0.05, state.die)
+    return web.json_response({"status": "stopping"})
+
+
+def _validate(payload: Any, state: _State) -> web.Response | None:
+    if not isinstance(payload, dict):
+        return _error(400, "The request body must be a JSON object.", "invalid_request_error")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error(
+            400, "'messages' is a required property and must be a non-empty array.",
+            "invalid_request_error", "messages",
+        )  # fmt: skip
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        return _error(
+            400, "Each message needs a string 'role'.", "invalid_request_error", "messages"
+        )
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        return _error(400, "'model' is a required property.", "invalid_request_error", "model")
+    if state.config.strict_models and model not in state.config.models:
+        return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    if payload.get("stream"):
+        return _error(400, "Streaming is not supported by the factory devserver.",
+                      "invalid_request_error", "stream")  # fmt: skip
+    return None
+
+
+def _complete(
+    payload: dict[str, Any],
+    kind: str,
+    state: _State,
+    digest: bytes,
+    defect: str | None,
+    drng: random.Random,
+) -> tuple[str, str | None, str]:
+    """Generate the answer; returns (content, applied defect, finish_reason)."""
+    messages = payload["messages"]
+    crng = random.Random(_seed_int(state.config.seed, digest, "content"))
+    fence = state.config.fence_rate
+    applied = defect if defect in TRANSPORT_DEFECTS else None
+    if kind == "other":
+        return simulate.answer_other(messages), applied, "stop"
+    text = simulate.last_user_text(messages)
+    marker = simulate.AMPLIFY_MARKER if kind == "amplify" else simulate.JUDGE_MARKER
+    block = simulate.extract_block(text, marker)
+    ref = simulate.reference_from_block(block) if block is not None else None
+    if kind == "judge":
+        content = simulate.render_json(simulate.judge(ref), crng, fence)
+    elif ref is None:
+        return (
+            "I could not read the reference trajectory, so I cannot write a new one.",
+            applied,
+            "stop",
+        )
+    else:
+        trajectory = simulate.amplify(ref, crng)
+        if defect in ("unknown_tool", "wrong_arg_type", "missing_observation"):
+            avoid = text + json.dumps(payload.get("tools") or [])
+            if simulate.inject_defect(trajectory, defect, drng, avoid=avoid):
+                applied = defect
+        content = simulate.render_json(trajectory, crng, fence)
+    if defect == "malformed_json":
+        content, finish = simulate.break_json(content, drng)
+        return content, defect, finish
+    return content, applied, "stop"
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    state = request.app[_STATE]
+    transport = request.transport
+    if state.dead or transport is None:
+        await _drop(transport)
+    assert transport is not None
+    state.counts["requests"] += 1
+    if state.config.fail_after is not None and state.counts["requests"] > state.config.fail_after:
+        state.die()
+        await _drop(transport)
+    body = await request.read()
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return _error(400, "The request body is not valid JSON.", "invalid_request_error")
+    problem = _validate(payload, state)
+    if problem is not None:
+        state.by_status[str(problem.status)] += 1
+        return problem
+    digest = hashlib.blake2b(body, digest_size=16).digest()
+    attempt = state.next_attempt(digest)
+    drng = random.Random(_seed_int(state.config.seed, digest, f"attempt:{attempt}"))
+    defect = state.draw_defect(drng)
+    kind, status, applied = simulate.prompt_kind(payload["messages"]), _CLIENT_GONE, defect
+    state.by_kind[kind] += 1
+    state.open += 1
+    state.transports.add(transport)
+    try:
+        if defect == "rate_limit":
+            status = 429
+            retry = state.config.retry_after_s
+            return _error(
+                429, "Rate limit reached for requests (simulated by the factory devserver).",
+                "requests", None, {"Retry-After": str(math.ceil(retry)),
+                                   "retry-after-ms": str(int(retry * 1000))},
+            )  # fmt: skip
+        if defect == "server_error":
+            status = 500
+            return _error(
+                500, "The server had an error while processing your request.", "server_error"
+            )
+        if defect == "stall":
+            await asyncio.sleep(state.config.stall_s)
+        latency = state.latency_s(drng)
+        if state.slots.locked():  # all slots busy: queue like a saturated vLLM server
+            state.waiting += 1
+            state.max_waiting = max(state.max_waiting, state.waiting)
+            try:
+                await state.slots.acquire()
+            finally:
+                state.waiting -= 1
+        else:
+            await state.slots.acquire()
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            started = time.monotonic()
+            content, applied, finish = _complete(payload, kind, state, digest, defect, drng)
+            prompt_tokens, cached = state.prompt_usage(
+                payload["model"], payload["messages"], payload.get("tools")
+            )
+            completion_tokens = _tokens(content)
+            response = {
+                "id": f"chatcmpl-{digest.hex()[:24]}{attempt:04x}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": payload["model"],
+                "system_fingerprint": FINGERPRINT,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": cached},
+                },
+            }
+            text = json.dumps(response, ensure_ascii=False)
+            await asyncio.sleep(max(0.0, latency - (time.monotonic() - started)))
+        finally:
+            state.in_flight -= 1
+            state.slots.release()
+        state.counts["prompt_tokens"] += prompt_tokens
+        state.counts["cached_tokens"] += cached
+        state.counts["completion_tokens"] += completion_tokens
+        status = 200
+        return web.Response(text=text, content_type="application/json")
+    finally:
+        state.open -= 1
+        state.transports.discard(transport)
+        state.record(digest, attempt, kind, status, applied)
+
+
+async def _open_log(app: web.Application) -> None:
+    state = app[_STATE]
+    if state.config.request_log:
+        state.log = open(state.config.request_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+
+async def _close_log(app: web.Application) -> None:
+    state = app[_STATE]
+    if state.log is not None:
+        state.log.close()
+        state.log = None
+
+
+def build_app(config: DevServerConfig) -> web.Application:
+    """The aiohttp application (routes, state, request log hooks) for ``config``."""
+    app = web.Application()
+    app[_STATE] = _State(config)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/stats", _stats)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/admin/stop", _admin_stop)
+    app.on_startup.append(_open_log)
+    app.on_cleanup.append(_close_log)
+    return app
+
+
+# --------------------------------------------------------------------------------------
+# Running it
+# --------------------------------------------------------------------------------------
+@dataclass
+class RunningServer:
+    """A started server on the current event loop."""
+
+    url: str
+    port: int
+    state: _State
+
+    async def wait_dead(self) -> None:
+        """Return once the server died (``/admin/stop``, ``fail_after``) or was closed."""
+        assert self.state.died is not None
+        await self.state.died.wait()
+
+    async def close(self) -> None:
+        self.state.die()
+        await self.wait_dead()
+
+
+async def start_server(config: DevServerConfig) -> RunningServer:
+    """Bind ``127.0.0.1:config.port`` and serve on the running loop."""
+    app = build_app(config)
+    state = app[_STATE]
+    state.died = asyncio.Event()
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, HOST, config.port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    state.runner = runner
+    port = int(runner.addresses[0][1])
+    return RunningServer(url=f"http://{HOST}:{port}/v1", port=port, state=state)
+
+
+class DevServer:
+    """The dev server in a background thread with its own event loop, for tests and benchmarks.
+
+    Usage::
+
+        with DevServer(DevServerConfig(latency_ms=50)) as server:
+            client = openai.OpenAI(base_url=server.url, api_key="test")
+    """
+
+    def __init__(self, config: DevServerConfig | None = None) -> None:
+        self.config = config or DevServerConfig()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: RunningServer | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``: the OpenAI ``base_url``."""
+        if self._server is None:
+            raise RuntimeError("the devserver is not started")
+        return self._server.url
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the devserver is not started")
+        return self._server.port
+
+    def start(self) -> DevServer:
+        """Start serving; returns once the port is bound.
+
+        Raises:
+            OSError: the port could not be bound.
+        """
+        if self._thread is not None:
+            raise RuntimeError("the devserver is already started")
+        loop = asyncio.new_event_loop()
+        started: asyncio.Future[RunningServer] = loop.create_future()
+        ready = threading.Event()
+
+        async def boot() -> None:
+            try:
+                started.set_result(await start_server(self.config))
+            except BaseException as exc:  # reported to the starting thread
+                started.set_exception(exc)
+            finally:
+                ready.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            booting = loop.create_task(boot())
+            loop.run_forever()
+            booting.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="factory-devserver", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if not started.done() or started.exception() is not None:
+            self._stop_loop()
+            exc = started.exception() if started.done() else TimeoutError("devserver did not start")
+            raise exc or RuntimeError("devserver did not start")
+        self._server = started.result()
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        """Counters as ``GET /stats`` reports them."""
+        if self._server is None:
+            raise RuntimeError("the devserver is not started")
+        return self._server.state.snapshot()
+
+    def stop(self) -> None:
+        """Close every connection, stop listening and end the thread (idempotent)."""
+        if self._loop is None:
+            return
+        if self._server is not None and self._loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._server.close(), self._loop)
+            with contextlib.suppress(Exception):
+                future.result(timeout=10)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = None
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=10)
+
+    def __enter__(self) -> DevServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
