@@ -114,7 +114,8 @@ class LLMConfig(_Strict):
     )
     sampling: dict[str, Any] = Field(
         default_factory=dict,
-        description="temperature, top_p, max_tokens / max_completion_tokens, reasoning_effort, seed.",
+        description="temperature, top_p, max_tokens / max_completion_tokens, "
+        "reasoning_effort, seed.",
     )
     concurrency: int = Field(64, ge=1, description="Requests in flight across all actors.")
     per_actor_concurrency: int = Field(32, ge=1, description="Requests in flight per actor.")

@@ -46,7 +46,9 @@ def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[s
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"cannot read tools file {path}: {exc.strerror}", key_path=key_path) from exc
+        raise ConfigError(
+            f"cannot read tools file {path}: {exc.strerror}", key_path=key_path
+        ) from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"tools file {path} is not JSON: {exc}", key_path=key_path) from exc
     if not isinstance(raw, list) or not raw:
@@ -83,7 +85,9 @@ def load_domain(cfg: RecipeConfig) -> Domain:
         try:
             policy = cfg.resolve(d.policy).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read policy: {exc.strerror}", key_path="domain.policy") from exc
+            raise ConfigError(
+                f"cannot read policy: {exc.strerror}", key_path="domain.policy"
+            ) from exc
     rules = None
     if d.rules:
         rules_path = cfg.resolve(d.rules)

@@ -72,7 +72,7 @@ def _environment(folder: str) -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(folder),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=False,
-        autoescape=False,  # noqa: S701 - prompts are plain text, not HTML
+        autoescape=False,
     )
 
 

@@ -42,7 +42,9 @@ __all__ = [
 
 SHAREGPT_SCHEMA = pa.schema(
     [
-        pa.field("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
+        pa.field(
+            "conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))
+        ),
         pa.field("system", pa.string()),
         pa.field("tools", pa.string()),
         pa.field("id", pa.string()),
@@ -85,8 +87,7 @@ class ShardWriter:
         start_index: int = 0,
     ):
         self.out_dir = Path(out_dir)
-        self.dir = self.out_dir / subdir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = self.out_dir / subdir  # created on the first flush: no empty folders
         self.schema = schema
         self.shard_rows = shard_rows
         self.index = start_index
@@ -107,6 +108,7 @@ class ShardWriter:
         if not self._buffer:
             return
         name = f"part-{self.index:05d}.parquet"
+        self.dir.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         tmp = _tmp_path(self.out_dir, name)
         pq.write_table(table, tmp, compression="zstd")
@@ -126,7 +128,6 @@ class RejectWriter:
     def __init__(self, out_dir: Path, *, subdir: str = "rejects", shard_rows: int = 5000):
         self.out_dir = Path(out_dir)
         self.dir = self.out_dir / subdir
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.shard_rows = shard_rows
         self.index = 0
         self.rows_written = 0
@@ -199,22 +200,19 @@ def _versions() -> dict[str, str]:
 class Manifest:
     """Counts per stage and per reason, plus what produced the output.
 
-    ``stages`` maps a stage to ``{"in": n, "out": n, "rejected": n, "failed": n}``;
-    ``reasons`` maps ``stage`` to a Counter of reason codes. The top-level
+    ``stages`` maps the stage that decided a row's fate to outcome counts
+    (accepted / surplus / rejected / failed); ``reasons`` maps a stage to a
+    Counter of reason codes. The top-level
     ``totals`` satisfy accepted + rejected + failed = input rows (checked by
     ``check_accounting``).
     """
 
     recipe: str
     config_hash: str
-    stages: dict[str, dict[str, int]] = field(default_factory=dict)
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> outcome counts
     reasons: dict[str, Counter[str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
-
-    def count(self, stage: str, key: str, n: int = 1) -> None:
-        self.stages.setdefault(stage, {"in": 0, "out": 0, "rejected": 0, "failed": 0})
-        self.stages[stage][key] = self.stages[stage].get(key, 0) + n
 
     def reason(self, stage: str, code: str, n: int = 1) -> None:
         self.reasons.setdefault(stage, Counter())[code] += n

@@ -38,7 +38,9 @@ def test_shipped_schema_is_current() -> None:
     assert shipped == json_schema(), "run: python -m factory.config --write-schema"
 
 
-@pytest.mark.parametrize("recipe", sorted((ROOT / "pipelines").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "recipe", sorted((ROOT / "pipelines").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_shipped_recipes_load(recipe: Path) -> None:
     cfg = load_recipe(recipe)
     assert cfg.resolve(cfg.domain.tools).is_file()

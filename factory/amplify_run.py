@@ -1,0 +1,207 @@
+"""The amplification job: seeds -> kept seeds -> rounds of calls until the target.
+
+Phase 1 streams every seed through the rule checks and the LLM judge; the
+kept seeds (a few thousand records) are gathered on the driver because every
+amplification actor needs them. Phase 2 issues calls in rounds: the first
+round asks for ``target / expected_yield`` calls, each later one for what is
+still missing divided by the yield observed so far, so the number of calls
+follows the real yield. It stops when the target is reached, when a cap
+(``max_calls``, ``max_cost_usd``, ``max_tokens``) leaves no room for another
+call, or when a whole round accepted nothing (so a dead endpoint cannot burn
+the budget), and says which.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from factory.collect import Collector
+from factory.config import RecipeConfig, config_hash
+from factory.errors import SeedError
+from factory.prompts import PromptTemplate
+from factory.runner import RunResult, _progress
+from factory.stages.base import FAILED, OK, REJECTED
+from factory.trajectory import Trajectory
+from factory.writer import Manifest, RejectWriter
+
+__all__ = ["plan_round", "run_amplify"]
+
+DEVSERVER_FINGERPRINT = "factory-devserver"
+
+
+def plan_round(
+    cfg: RecipeConfig, *, accepted: int, issued: int, spent_usd: float, tokens: int
+) -> tuple[int, str | None]:
+    """How many calls the next round issues, or 0 and the cap that forbids more."""
+    assert cfg.amplify is not None
+    amp = cfg.amplify
+    remaining = amp.target - accepted
+    if remaining <= 0:
+        return 0, None
+    observed = accepted / issued if issued else amp.expected_yield
+    n = math.ceil(remaining / max(observed, 0.05))
+    if amp.max_calls is not None:
+        n = min(n, amp.max_calls - issued)
+        if n <= 0:
+            return 0, "max_calls"
+    for cap, used, name in (
+        (amp.max_cost_usd, spent_usd, "max_cost_usd"),
+        (amp.max_tokens, tokens, "max_tokens"),
+    ):
+        if cap is None:
+            continue
+        if used >= cap:
+            return 0, name
+        if issued and used > 0:
+            per_call = used / issued
+            n = min(n, max(1, math.floor((cap - used) / per_call)))
+    return n, None
+
+
+def _collect_seeds(cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> dict[str, str]:
+    """Run phase 1; return kept seeds ``{id: record JSON}``; rejects go to rejects/seeds/."""
+    from factory.pipeline import checked_seed_dataset, iter_rows
+    from factory.raycompat import map_stage
+    from factory.stages.prefilter import build_prefilter
+
+    ds = checked_seed_dataset(cfg)
+    if cfg.prefilter.enabled:
+        ds = map_stage(
+            ds, build_prefilter, cfg, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
+        )
+    rejects = RejectWriter(out_dir, subdir="rejects/seeds")
+    kept: dict[str, str] = {}
+    counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0}
+    reasons: dict[str, int] = {}
+    cost = 0.0
+    for row in iter_rows(ds):
+        counts["total"] += 1
+        cost += float(row.get("cost_usd") or 0.0)
+        if row["status"] == OK and row["id"] in kept:
+            row.update(
+                status=REJECTED,
+                stage="dedup",
+                reason="duplicate",
+                message=f"same content as seed {row['id']}",
+            )
+        if row["status"] == OK:
+            kept[row["id"]] = row["record"]
+            counts["kept"] += 1
+            continue
+        counts["failed" if row["status"] == FAILED else "rejected"] += 1
+        key = f"{row['stage']}:{row['reason']}"
+        reasons[key] = reasons.get(key, 0) + 1
+        rejects.add({k: v for k, v in row.items() if v is not None})
+    rejects.close()
+    manifest.extra["seeds"] = {**counts, "reasons": reasons, "prefilter_cost_usd": round(cost, 6)}
+    if not kept:
+        raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
+    return kept
+
+
+def _call_dataset(cfg: RecipeConfig, kept: dict[str, str], start: int, n: int) -> Any:
+    import ray.data
+
+    from factory.raycompat import map_stage
+    from factory.stages.amplify import build_amplify
+    from factory.stages.base import make_row, rows_to_table
+    from factory.stages.postprocess import build_postprocess
+
+    def to_work_items(batch: pa.Table) -> pa.Table:
+        ids = batch.column("id").to_pylist()
+        return rows_to_table([make_row(call_index=start + int(i)) for i in ids])
+
+    blocks = max(1, min(n // cfg.ray.batch_size, 200))
+    ds = ray.data.range(n, override_num_blocks=blocks)
+    ds = ds.map_batches(to_work_items, batch_format="pyarrow", num_cpus=0.1)
+    ds = map_stage(
+        ds, build_amplify, cfg, kept, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
+    )
+    return map_stage(ds, build_postprocess, cfg, ray_cfg=cfg.ray)
+
+
+def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+    """Run an ``amplify`` recipe into ``out_dir``."""
+    from factory.domain import load_domain
+    from factory.pipeline import iter_rows
+    from factory.raycompat import init_ray
+
+    assert cfg.amplify is not None and cfg.llm is not None
+    started = time.time()
+    init_ray()
+    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    kept = _collect_seeds(cfg, out_dir, manifest)
+    target = cfg.amplify.target
+    collector = Collector(
+        out_dir,
+        manifest,
+        dataset_name=cfg.output.dataset_name,
+        shard_rows=cfg.output.shard_rows,
+        target=target,
+        per_seed_cap=math.ceil(target / len(kept)),
+    )
+    fingerprints: set[str] = set()
+    issued, rounds, stopped_by, stalled = 0, 0, None, False
+    with _progress(progress, target, "accepted") as bar:
+        while not collector.done:
+            tokens = collector.tokens["prompt_tokens"] + collector.tokens["completion_tokens"]
+            n, stopped_by = plan_round(
+                cfg,
+                accepted=collector.accepted,
+                issued=issued,
+                spent_usd=collector.cost_usd,
+                tokens=tokens,
+            )
+            if n == 0:
+                break
+            before = collector.accepted
+            for row in iter_rows(_call_dataset(cfg, kept, issued, n)):
+                if collector.add(row) == "accepted":
+                    bar.update(1)
+                if row.get("fingerprint"):
+                    fingerprints.add(row["fingerprint"])
+                bar.set_postfix(
+                    rejected=collector.counts["rejected"],
+                    failed=collector.counts["failed"],
+                    tok=sum(collector.tokens.values()),
+                    usd=f"{collector.cost_usd:.2f}",
+                    refresh=False,
+                )
+            issued += n
+            rounds += 1
+            if collector.accepted == before:
+                stalled = True
+                break
+    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
+    static = template.render(Trajectory.from_json(next(iter(kept.values())))).static_tokens()
+    prompt_tokens = collector.tokens["prompt_tokens"]
+    reached = collector.accepted >= target
+    totals = collector.close(
+        pipeline="amplify",
+        calls={"issued": issued, "rounds": rounds},
+        target={
+            "requested": target,
+            "reached": reached,
+            "stopped_by": stopped_by or ("no_progress" if stalled else None),
+        },
+        prompt_cache={
+            "static_prefix_tokens_per_call": static,
+            "static_prefix_share": round(static * issued / prompt_tokens, 4)
+            if prompt_tokens
+            else None,
+            "server_cached_share": round(collector.tokens["cached_tokens"] / prompt_tokens, 4)
+            if prompt_tokens
+            else None,
+        },
+        generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
+        model=cfg.llm.model,
+    )
+    manifest_dict = manifest.to_dict(**totals)
+    return RunResult(
+        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=time.time() - started
+    )

@@ -1,0 +1,145 @@
+"""The driver-side end of every pipeline: dedup, count, write.
+
+Why on the driver: exact accounting (accepted + rejected + failed = total),
+exact targets and a global duplicate check need one place that sees every
+row. Rows arrive already exported by the distributed stages, so the driver
+only hashes, appends to a buffer and writes shards; 90k rows are a few
+seconds of its time. The duplicate set holds 24-hex-char keys (a few MB for
+millions of rows), never the rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from factory.stages.base import FAILED, OK, REJECTED
+from factory.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
+
+__all__ = ["Collector"]
+
+ACCEPTED, SURPLUS = "accepted", "surplus"
+
+
+class Collector:
+    """Consume final rows: accepted ones to ``data/``, the rest to ``rejects/`` / ``failed/``.
+
+    ``target`` (optional) caps accepted rows; valid rows beyond it are kept in
+    ``surplus/`` (they were paid for) and counted, never silently dropped.
+    ``per_seed_cap`` caps accepted rows per seed (balanced amplification).
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        manifest: Manifest,
+        *,
+        dataset_name: str,
+        shard_rows: int = 5000,
+        formatting: str = "sharegpt",
+        schema: Any = None,
+        target: int | None = None,
+        per_seed_cap: int | None = None,
+        dedup: bool = True,
+    ):
+        self.out_dir = Path(out_dir)
+        self.manifest = manifest
+        self.dataset_name = dataset_name
+        self.formatting = formatting
+        kw = {"schema": schema} if schema is not None else {}
+        self.data = ShardWriter(self.out_dir, shard_rows=shard_rows, **kw)
+        self.surplus = ShardWriter(self.out_dir, subdir="surplus", shard_rows=shard_rows, **kw)
+        self.rejects = RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows)
+        self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
+        self.target = target
+        self.per_seed_cap = per_seed_cap
+        self.dedup = dedup
+        self.seen: set[str] = set()
+        self.per_seed: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()
+        self.decided: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> status counts
+        self.tokens: Counter[str] = Counter()
+        self.cost_usd = 0.0
+
+    # -- accounting ------------------------------------------------------------------------
+    @property
+    def accepted(self) -> int:
+        return self.counts[ACCEPTED]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def done(self) -> bool:
+        return self.target is not None and self.accepted >= self.target
+
+    def _usage(self, row: dict[str, Any]) -> None:
+        if row.get("usage"):
+            usage = json.loads(row["usage"])
+            for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                self.tokens[key] += int(usage.get(key) or 0)
+        self.cost_usd += float(row.get("cost_usd") or 0.0)
+
+    # -- rows ------------------------------------------------------------------------------
+    def add(self, row: dict[str, Any]) -> str:
+        """File one final row; returns accepted | surplus | rejected | failed."""
+        self._usage(row)
+        status = row.get("status")
+        if status == OK:
+            key = row.get("id") or ""
+            if self.dedup and key in self.seen:
+                row = {
+                    **row,
+                    "status": REJECTED,
+                    "stage": "dedup",
+                    "reason": "duplicate",
+                    "message": f"same content as an earlier row ({key})",
+                }
+                status = REJECTED
+            else:
+                self.seen.add(key)
+        if status == OK:
+            out = json.loads(row["output"])
+            seed = row.get("seed_id") or ""
+            over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap
+            if self.done or over_seed:
+                self.surplus.add(out)
+                kind = SURPLUS
+            else:
+                self.data.add(out)
+                self.per_seed[seed] += 1
+                kind = ACCEPTED
+            self.decided[row.get("stage") or "?"][kind] += 1
+        else:
+            kind = FAILED if status == FAILED else REJECTED
+            self.manifest.reason(row.get("stage") or "?", row.get("reason") or "unknown")
+            self.decided[row.get("stage") or "?"][kind] += 1
+            slim = {k: v for k, v in row.items() if v is not None and k not in ("output",)}
+            (self.failed if kind == FAILED else self.rejects).add(slim)
+        self.counts[kind] += 1
+        return kind
+
+    def close(self, **extra: Any) -> dict[str, Any]:
+        """Flush everything; write dataset_info.json and manifest.json. Returns the totals."""
+        for w in (self.data, self.surplus, self.rejects, self.failed):
+            w.close()
+        write_dataset_info(self.out_dir, self.dataset_name, formatting=self.formatting)
+        totals = {
+            "total": self.total,
+            "accepted": self.counts[ACCEPTED],
+            "surplus": self.counts[SURPLUS],
+            "rejected": self.counts[REJECTED],
+            "failed": self.counts[FAILED],
+        }
+        self.manifest.stages = {s: dict(c) for s, c in self.decided.items()}
+        self.manifest.extra.update(
+            files={"data": self.data.files, "surplus": self.surplus.files},
+            tokens=dict(self.tokens),
+            cost_usd=round(self.cost_usd, 6),
+            **extra,
+        )
+        self.manifest.write(self.out_dir, **totals)
+        return totals

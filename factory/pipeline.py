@@ -1,0 +1,133 @@
+"""Pipelines built from a recipe and run on Ray Data; the driver only collects.
+
+``curate``:  read -> seed_check -> export -> collect
+``amplify``: read -> seed_check -> prefilter (LLM) -> [kept seeds]
+             then rounds of: work items -> amplify (LLM) -> postprocess -> collect,
+             until the target is reached or a cap stops it.
+
+Each arrow is one stage (``factory/stages``); ``raycompat.map_stage`` turns a
+stage into an actor-pool operator. The driver iterates the last operator's
+batches (streaming: no stage holds all rows) and hands rows to the Collector.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from factory.config import RecipeConfig
+from factory.domain import load_domain
+from factory.errors import SeedError
+from factory.readers import iter_hf_records, records_from_bytes
+from factory.stages.base import rows_to_table
+from factory.stages.export import ExportStage
+from factory.stages.seeds import SeedCheckStage, raw_record_rows
+
+__all__ = ["build_seed_check", "expand_seed_paths", "seed_rows_local"]
+
+
+def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
+    """The seed files a recipe names (paths, folders, globs), sorted and de-duplicated.
+
+    Raises:
+        SeedError: nothing matches (exit code 3: an input problem, not a config one).
+    """
+    specs = cfg.seeds.path if isinstance(cfg.seeds.path, list) else [cfg.seeds.path]
+    files: list[str] = []
+    for spec in specs:
+        if spec is None:
+            continue
+        path = cfg.resolve(spec)
+        if path.is_dir():
+            files += sorted(str(p) for p in path.rglob("*") if p.is_file())
+        elif any(ch in str(path) for ch in "*?["):
+            files += sorted(glob.glob(str(path), recursive=True))
+        elif path.is_file():
+            files.append(str(path))
+    files = sorted(dict.fromkeys(files))
+    if not files:
+        raise SeedError("no_seeds", f"no seed files match seeds.path {cfg.seeds.path!r}")
+    return files
+
+
+def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+    """Raw seed rows read on the driver (dry runs and Hugging Face sources)."""
+    if cfg.seeds.hf_dataset:
+        records = iter_hf_records(cfg.seeds.hf_dataset, cfg.seeds.hf_split)
+        yield from raw_record_rows(records)
+        return
+    for path in expand_seed_paths(cfg):
+        yield from raw_record_rows(records_from_bytes(path, Path(path).read_bytes()))
+
+
+def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+    """Raw rows with ``seeds.limit`` applied: the driver-side twin of ``_seed_dataset``."""
+    for n, row in enumerate(_raw_rows(cfg)):
+        if cfg.seeds.limit is not None and n >= cfg.seeds.limit:
+            return
+        yield row
+
+
+def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
+    """Inside an actor: load the domain pack once and build the stage."""
+    return SeedCheckStage(
+        load_domain(cfg),
+        tools_from_domain=cfg.seeds.tools_from_domain,
+        min_reward=cfg.seeds.min_reward,
+        reasoning=cfg.output.reasoning,
+    )
+
+
+def build_export(cfg: RecipeConfig) -> ExportStage:
+    return ExportStage(cfg.output.reasoning)
+
+
+def _file_to_rows(batch: pa.Table) -> pa.Table:
+    rows: list[dict[str, Any]] = []
+    paths, blobs = batch.column("path").to_pylist(), batch.column("bytes").to_pylist()
+    for path, data in zip(paths, blobs, strict=True):
+        rows += raw_record_rows(records_from_bytes(path, data))
+    return rows_to_table(rows)
+
+
+def seed_dataset(cfg: RecipeConfig) -> Any:
+    """Raw seed rows as a Ray Dataset: files are read by Ray tasks, one file per task."""
+    import ray.data
+
+    if cfg.seeds.hf_dataset:
+        tables = []
+        chunk: list[dict[str, Any]] = []
+        for row in seed_rows_local(cfg):
+            chunk.append(row)
+            if len(chunk) >= 1000:
+                tables.append(rows_to_table(chunk))
+                chunk = []
+        tables.append(rows_to_table(chunk))
+        return ray.data.from_arrow(tables)
+    ds = ray.data.read_binary_files(expand_seed_paths(cfg), include_paths=True)
+    ds = ds.map_batches(_file_to_rows, batch_format="pyarrow", batch_size=1, num_cpus=0.25)
+    if cfg.seeds.limit is not None:
+        ds = ds.limit(cfg.seeds.limit)
+    return ds
+
+
+def checked_seed_dataset(cfg: RecipeConfig) -> Any:
+    from factory.raycompat import map_stage
+
+    return map_stage(seed_dataset(cfg), build_seed_check, cfg, ray_cfg=cfg.ray)
+
+
+def iter_rows(ds: Any, batch_size: int = 256) -> Iterator[dict[str, Any]]:
+    """Stream a dataset's rows to the driver, batch by batch."""
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=batch_size):
+        yield from batch.to_pylist()
+
+
+def curate_dataset(cfg: RecipeConfig) -> Any:
+    from factory.raycompat import map_stage
+
+    return map_stage(checked_seed_dataset(cfg), build_export, cfg, ray_cfg=cfg.ray)

@@ -1,0 +1,70 @@
+"""Ray plumbing kept in one place: session start, Data context, stage operators.
+
+Everything that knows about Ray lives here and in ``pipeline.py``; stages stay
+plain Python. Resource settings come from the recipe's ``ray`` section and
+are applied only in ``map_stage`` (fractional CPUs: an actor with a whole CPU
+on a 2-core machine starves the read tasks and deadlocks the pipeline).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import ray.data
+
+from factory.config import RayConfig
+from factory.stages.base import AsyncStageUDF, Stage, StageUDF
+
+__all__ = ["init_ray", "map_stage"]
+
+
+def init_ray() -> None:
+    """Join the cluster named by ``RAY_ADDRESS`` (as under ``ray job submit``), else start
+    a local one. Secrets are never put into the runtime environment or job metadata:
+    workers inherit the driver's environment variables on a local cluster, and on a
+    remote cluster the recipe names variables that the cluster must provide."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=True)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the driver shows one factory-level bar instead
+    ctx.print_on_execution_start = False
+    ctx.execution_options.preserve_order = True  # deterministic outputs for a fixed seed
+
+
+def map_stage(
+    ds: ray.data.Dataset,
+    build: Callable[..., Stage],
+    *args: Any,
+    ray_cfg: RayConfig,
+    is_async: bool = False,
+    actors: int | None = None,
+    batch_size: int | None = None,
+    max_concurrent_batches: int | None = None,
+) -> ray.data.Dataset:
+    """Append one stage as an actor-pool operator. ``build(*args)`` runs inside each actor."""
+    udf = AsyncStageUDF if is_async else StageUDF
+    # min 1: small inputs (a seed file is one block) need no second actor.
+    strategy_kw: dict[str, Any] = {"min_size": 1, "max_size": actors or ray_cfg.actors}
+    if max_concurrent_batches:
+        strategy_kw["max_tasks_in_flight_per_actor"] = max_concurrent_batches
+    remote_kw: dict[str, Any] = {}
+    if is_async and max_concurrent_batches:
+        remote_kw["max_concurrency"] = max_concurrent_batches
+    return ds.map_batches(
+        udf,
+        fn_constructor_args=(build, *args),
+        batch_format="pyarrow",
+        batch_size=batch_size or ray_cfg.batch_size,
+        compute=ray.data.ActorPoolStrategy(**strategy_kw),
+        num_cpus=ray_cfg.num_cpus,
+        **remote_kw,
+    )

@@ -1,0 +1,83 @@
+"""``python -m factory.run RECIPE``: the one command that runs a recipe.
+
+Parses arguments and calls one library function. Expected errors become a
+one-line message and a documented exit code (README, "Exit codes"):
+0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
+cap. Under pytest unexpected errors re-raise so tests see the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from factory.config import load_recipe, resolve_recipe_path
+from factory.errors import EXIT_INTERNAL, FactoryError
+from factory.secrets import install_log_redaction, redact
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m factory.run",
+        description="Run a factory recipe (pipelines/*.yaml).",
+    )
+    p.add_argument("recipe", help="recipe file, or a name under pipelines/ (airline.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a recipe value (YAML-parsed); repeatable",
+    )
+    p.add_argument("--output", "-o", help="output folder (overrides output.dir)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read and check seeds, print the plan (calls, tokens, cost); call nothing",
+    )
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
+    try:
+        cfg = load_recipe(resolve_recipe_path(args.recipe), args.overrides)
+        if args.dry_run:
+            from factory.plan import make_plan
+
+            plan = make_plan(cfg, with_examples=not args.json)
+            print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
+            return 0
+        from factory.runner import run
+
+        out_dir = Path(args.output or cfg.output.dir).resolve()
+        result = run(cfg, out_dir, progress=not args.no_progress)
+        print(result.summary())
+        return result.exit_code
+    except FactoryError as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("FACTORY_DEBUG"):
+            raise
+        print(
+            f"internal error: {type(exc).__name__}: {redact(str(exc))[:500]} "
+            "(set FACTORY_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

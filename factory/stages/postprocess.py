@@ -1,0 +1,91 @@
+"""Completion -> accepted training row, or a reject that keeps the raw completion.
+
+Order: parse (with lossless JSON repair) -> deployment system prompt and the
+domain's tools -> validation (tool schemas, so hallucinated tools are rejected;
+domain rules; LLaMA-Factory structure) -> export. Like Simia's last step, the
+system prompt the model saw while generating is replaced by the one the agent
+will be deployed with.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from factory.config import RecipeConfig
+from factory.domain import Domain, load_domain
+from factory.errors import RepairError
+from factory.formats.completion import parse_output
+from factory.stages.base import Stage, reject
+from factory.stages.export import sharegpt_row
+from factory.validate import validate
+
+__all__ = ["PostprocessStage", "deployment_system_prompt"]
+
+_HERMES_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_HERMES_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def deployment_system_prompt(domain: Domain, fmt: str) -> tuple[str, bool]:
+    """(system prompt, tools-in-column) for the output rows.
+
+    ``json``: the policy only; tools go in the ``tools`` column and LLaMA-Factory's
+    template renders them. ``hermes``: the policy plus a Hermes ``<tools>`` block,
+    and no ``tools`` column (it would be rendered twice).
+    """
+    policy = domain.policy.strip()
+    if fmt == "hermes":
+        lines = "\n".join(
+            json.dumps({"type": "function", "function": t}, ensure_ascii=False)
+            for t in domain.public_tools()
+        )
+        return f"{policy}\n\n{_HERMES_HEADER}{lines}{_HERMES_FOOTER}", False
+    return policy, True
+
+
+class PostprocessStage(Stage):
+    name = "postprocess"
+    requires = ("completion",)
+
+    def __init__(self, cfg: RecipeConfig):
+        assert cfg.amplify is not None
+        self.domain = load_domain(cfg)
+        self.reasoning = cfg.output.reasoning
+        self.system, self.tools_in_column = deployment_system_prompt(
+            self.domain, cfg.amplify.system_prompt_format
+        )
+
+    def process(self, row: dict[str, Any]) -> dict[str, Any]:
+        try:
+            traj = parse_output(row["completion"])
+        except RepairError as exc:
+            return reject(row, self.name, exc.reason, str(exc), raw=row["completion"])
+        traj.system = self.system
+        traj.tools = self.domain.tools
+        traj.metadata.update(
+            source=row.get("source"),
+            seed_id=row.get("seed_id"),
+            generator=row.get("fingerprint"),
+        )
+        issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
+        if issues:
+            detail = "; ".join(str(i) for i in issues[:3])
+            return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
+        traj.metadata["id"] = traj.content_id()
+        out = sharegpt_row(traj, self.reasoning)
+        if not self.tools_in_column:
+            out["tools"] = ""
+        row.update(id=traj.id, record=traj.to_json(), output=json.dumps(out, ensure_ascii=False))
+        row["completion"] = None  # accepted rows carry the record; the raw text is not needed
+        return row
+
+
+def build_postprocess(cfg: RecipeConfig) -> PostprocessStage:
+    return PostprocessStage(cfg)
