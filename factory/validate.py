@@ -10,7 +10,8 @@ exactly that and a model that invents argument names must not be trained on.
 
 Compiled validators are cached per schema (keyed by its canonical JSON), so a
 worker validating thousands of rows against the same 14 tools checks and
-compiles each schema once.
+compiles each schema once. ``format`` is an annotation, as JSON Schema's
+default says: value formats that matter are the domain rules' job.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from jsonschema.validators import validator_for
 from factory.errors import short
 from factory.export import ReasoningMode, check_structure, normalize_mapped, render_conversations
 from factory.reasons import Issue
-from factory.trajectory import Trajectory, canonical_json, normalize_tool_spec
+from factory.trajectory import ROLES, ToolCall, Trajectory, canonical_json, normalize_tool_spec
 
 if TYPE_CHECKING:
     from factory.rules import DomainRules
@@ -40,8 +41,9 @@ __all__ = ["ISSUE_ORDER", "compile_schema", "first_reason", "validate", "validat
 # Most fundamental first: a row LLaMA-Factory cannot read, then broken tool
 # lists, then calls that do not fit their tool, then domain rules.
 ISSUE_ORDER: tuple[str, ...] = (
-    "empty_trajectory",
+    "bad_role",
     "bad_field_type",
+    "empty_trajectory",
     "bad_tools",
     "bad_turn_order",
     "no_assistant_ending",
@@ -97,11 +99,18 @@ def _tool_table(tools_json: str) -> tuple[dict[str, _Tool | None], tuple[Issue, 
     """Tools by name (``None``: named, but its schema is unusable) plus ``bad_tools`` issues."""
     table: dict[str, _Tool | None] = {}
     problems: list[Issue] = []
-    for n, raw in enumerate(json.loads(tools_json)):
+    tools = json.loads(tools_json)
+    if not isinstance(tools, list):
+        return table, (Issue("bad_tools", "the tools field is not a list of function specs"),)
+    for n, raw in enumerate(tools):
         try:
             spec = normalize_tool_spec(raw)
         except ValueError as exc:
             problems.append(Issue("bad_tools", f"tool {n}: {exc}", path=f"tools[{n}]"))
+            continue
+        if spec["name"] in table:
+            message = f"tool {n}: a second tool named {short(spec['name'], 80)!r}"
+            problems.append(Issue("bad_tools", message, path=f"tools[{n}].name"))
             continue
         try:
             validator = compile_schema(spec["parameters"])
@@ -267,8 +276,12 @@ def validate(
 
     Returns:
         Issues ordered most fundamental first (see ``ISSUE_ORDER``), then by turn;
-        empty when the trajectory is fit to train on.
+        empty when the trajectory is fit to train on. A turn with a bad role or
+        field types is reported alone: nothing else can be checked safely.
     """
+    malformed = _field_issues(traj)
+    if malformed:
+        return malformed
     normalized, origin = normalize_mapped(traj)
     conversations, where = render_conversations(normalized, reasoning=reasoning)
     issues = [
@@ -279,6 +292,34 @@ def validate(
     if rules is not None:
         issues.extend(rules.check(traj))
     return sorted(issues, key=_sort_key)
+
+
+def _field_issues(traj: Trajectory) -> list[Issue]:
+    """Turns that break the canonical model's types (the readers' contract)."""
+    issues: list[Issue] = []
+    for i, turn in enumerate(traj.turns):
+        if turn.role not in ROLES:
+            issues.append(Issue("bad_role", f"role {short(turn.role, 40)!r}", turn=i))
+        wrong = [
+            name
+            for name, ok in (
+                ("content", isinstance(turn.content, str)),
+                ("reasoning", turn.reasoning is None or isinstance(turn.reasoning, str)),
+                (
+                    "tool_calls",
+                    isinstance(turn.tool_calls, list)
+                    and all(
+                        isinstance(c, ToolCall) and isinstance(c.name, str) for c in turn.tool_calls
+                    ),
+                ),
+            )
+            if not ok
+        ]
+        if wrong:
+            issues.append(
+                Issue("bad_field_type", f"turn {i}: wrong type of {', '.join(wrong)}", turn=i)
+            )
+    return issues
 
 
 def _rank(code: str) -> int:

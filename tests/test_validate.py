@@ -192,10 +192,13 @@ def test_unknown_tool_and_non_object_arguments() -> None:
 
 def test_broken_tool_specs_are_bad_tools_not_unknown_tools() -> None:
     broken = {"name": "book", "parameters": {"type": "object", "properties": {"a": {"type": 3}}}}
-    issues = validate_calls(_with_tools(booking(GOOD), [broken, {}]))
-    assert [i.code for i in issues] == ["bad_tools", "bad_tools"]
-    assert issues[0].path == "tools[0].parameters.properties.a.type"
-    assert issues[1].path == "tools[1]"
+    issues = validate_calls(_with_tools(booking(GOOD), [broken, {}, LOOKUP, LOOKUP]))
+    assert [i.code for i in issues] == ["bad_tools", "bad_tools", "bad_tools"]
+    assert [i.path for i in issues] == [
+        "tools[0].parameters.properties.a.type",
+        "tools[1]",
+        "tools[3].name",
+    ]
 
 
 def _with_tools(t: Trajectory, tools: list[Any]) -> Trajectory:
@@ -259,7 +262,8 @@ LOOK = ToolCall("lookup", {"q": "x"})
 
 REACHABLE = {
     "empty_trajectory": trajectory(_u("only"), _u("users")),
-    "bad_field_type": trajectory(_u(3), _a("a")),
+    "bad_role": trajectory(_u(), Turn("system", "late system prompt"), _a("a")),  # type: ignore[arg-type]
+    "bad_field_type": trajectory(_u(3), _u("x"), _a("a")),
     "bad_tools": _with_tools(trajectory(_u(), _a("a")), [{"description": "nameless"}]),
     "bad_turn_order": trajectory(_a("I speak first")),
     "no_assistant_ending": trajectory(_u(), _a("", LOOK), _a("no result in between")),
@@ -377,3 +381,23 @@ def test_tau_bench_trajectories_validate(taubench_dir: Path) -> None:
         for n in (0, 1)
         for key in ("origin", "destination")
     }
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        Turn("assistant", None),  # type: ignore[arg-type]
+        Turn("assistant", "a", reasoning=["r"]),  # type: ignore[arg-type]
+        Turn("assistant", "", tool_calls=[{"name": "lookup"}]),  # type: ignore[list-item]
+        Turn("assistant", "", tool_calls=[ToolCall(["lookup"], {})]),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_turns_are_reported_not_raised(turn: Turn) -> None:
+    issues = validate(trajectory(_u(), _u(), turn, _a("b")), rules=RULES)
+    assert [(i.code, i.turn) for i in issues] == [("bad_field_type", 2)]
+
+
+def test_tools_not_a_list_is_bad_tools() -> None:
+    t = booking(GOOD)
+    t.tools = None  # type: ignore[assignment]
+    assert [i.code for i in validate_calls(t)] == ["bad_tools", "unknown_tool"]
