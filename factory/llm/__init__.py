@@ -1,0 +1,39 @@
+"""Async LLM client layer: parameters per model family, pricing, retries, routing.
+
+``LLMClient.complete`` is the one call a pipeline stage makes; the rest are its
+parts, importable on their own for planning (``PriceTable``), tests and stats.
+No Ray here: actors build an ``LLMClient`` once and await it per row.
+"""
+
+from __future__ import annotations
+
+from factory.llm.client import Completion, LLMClient, openai_client_factory, translate_error
+from factory.llm.params import RequestParams, build_request, model_family, resolve_params
+from factory.llm.pool import CircuitState, Endpoint, EndpointPool, EndpointStats, Lease
+from factory.llm.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, PriceTable, cost
+from factory.llm.retry import RetryPolicy, RetryResult, call_with_retry, parse_retry_after
+
+__all__ = [
+    "DEFAULT_PRICES",
+    "PRICES_AS_OF",
+    "CircuitState",
+    "Completion",
+    "Endpoint",
+    "EndpointPool",
+    "EndpointStats",
+    "LLMClient",
+    "Lease",
+    "Price",
+    "PriceTable",
+    "RequestParams",
+    "RetryPolicy",
+    "RetryResult",
+    "build_request",
+    "call_with_retry",
+    "cost",
+    "model_family",
+    "openai_client_factory",
+    "parse_retry_after",
+    "resolve_params",
+    "translate_error",
+]

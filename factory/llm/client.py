@@ -1,0 +1,441 @@
+"""The async LLM client: one chat completion with routing, retries, cost and errors.
+
+``LLMClient.complete`` is what a Ray Data actor awaits per row. It bounds the
+requests it has in flight with a semaphore, picks an endpoint from the
+``EndpointPool`` per attempt (a retry fails over to another healthy endpoint),
+retries what is retryable (``retry.call_with_retry``), and returns a
+``Completion`` with text, reasoning, usage, cost and provenance.
+
+The openai SDK is the transport: one ``AsyncOpenAI`` per endpoint, built once
+through an injectable ``client_factory``, with the SDK's own retries off
+(``max_retries=0``) so there is exactly one retry loop with one policy. SDK
+exceptions are translated into ``factory.errors`` at this boundary, most
+specific first and chained with ``from`` (as httpx maps httpcore errors);
+messages carry neither the key nor the payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import openai
+
+from factory.errors import (
+    ConfigError,
+    LLMBadRequest,
+    LLMError,
+    LLMRateLimited,
+    LLMServerError,
+    LLMTimeout,
+    short,
+)
+from factory.llm.params import RequestParams, resolve_params
+from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
+from factory.llm.pricing import Price, cost
+from factory.llm.retry import RetryPolicy, call_with_retry, parse_retry_after
+from factory.secrets import PLACEHOLDER_KEY, api_key_from_env, redact
+
+__all__ = [
+    "ClientFactory",
+    "Completion",
+    "LLMClient",
+    "openai_client_factory",
+    "resolve_api_key",
+    "translate_error",
+]
+
+log = logging.getLogger(__name__)
+
+# (endpoint, api key, timeout seconds) -> an object with ``chat.completions.create``
+# and ``close()`` (an ``openai.AsyncOpenAI`` in production).
+ClientFactory = Callable[[Endpoint, str, float], Any]
+
+# Hosts that always need a key, so a missing api_key_env is a recipe error
+# rather than a 401 on the first request.
+_KEYED_HOSTS = ("api.openai.com",)
+
+_MAX_REQUEST_ID = 512  # OpenAI's limit for X-Client-Request-Id
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One successful chat completion.
+
+    Attributes:
+        text: the assistant message content ("" when the model returned none).
+        reasoning: reasoning text when the server returns it (vLLM / SGLang
+            ``reasoning_content`` or ``reasoning``), else ``None``.
+        usage: the response's usage block as a plain dict (empty if absent).
+        cost_usd: priced with the client's ``Price``; 0.0 for unpriced models.
+        endpoint: name of the endpoint that answered.
+        attempts: attempts used, the successful one included.
+        latency_s: wall time of ``complete`` (queueing and backoff included).
+        model: the model id the server reports.
+        system_fingerprint: backend configuration id, when the server sends one.
+        finish_reason: ``stop``, ``length`` ... (``length`` means truncated output).
+    """
+
+    text: str
+    reasoning: str | None
+    usage: dict[str, Any]
+    cost_usd: float
+    endpoint: str
+    attempts: int
+    latency_s: float
+    model: str
+    system_fingerprint: str | None
+    finish_reason: str | None = None
+
+
+def openai_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> Any:
+    """The production factory: ``AsyncOpenAI`` with SDK retries off."""
+    return openai.AsyncOpenAI(
+        base_url=endpoint.base_url,
+        api_key=api_key,
+        timeout=timeout_s,
+        max_retries=0,
+    )
+
+
+def resolve_api_key(endpoint: Endpoint) -> str:
+    """The key to send to ``endpoint``: its own env variable, or a placeholder.
+
+    A local endpoint may run without a key (vLLM without ``--api-key``) and then
+    gets ``PLACEHOLDER_KEY``. The key is always passed explicitly, so the SDK
+    never falls back to ``OPENAI_API_KEY`` on its own and hands it to a server
+    it does not belong to.
+
+    Raises:
+        ConfigError: a remote endpoint's variable is unset, or a provider that
+            always needs a key has no ``api_key_env``. The message names the
+            variable to set.
+    """
+    var = endpoint.api_key_env
+    if var is None:
+        host = endpoint.base_url.split("://", 1)[-1].split("/", 1)[0].lower()
+        if host in _KEYED_HOSTS:
+            raise ConfigError(
+                f"endpoint {endpoint.name} needs an API key: set api_key_env to the name of "
+                "an environment variable (usually OPENAI_API_KEY) and export it",
+                key_path="llm.endpoints.api_key_env",
+            )
+        return PLACEHOLDER_KEY
+    key = api_key_from_env(var)
+    if key is not None:
+        return key
+    if endpoint.is_local:
+        return PLACEHOLDER_KEY
+    raise ConfigError(
+        f"no API key for endpoint {endpoint.name}: the environment variable {var} is not "
+        f"set; run `export {var}=...` before starting the pipeline",
+        key_path="llm.endpoints.api_key_env",
+    )
+
+
+def _check_key_isolation(endpoints: tuple[Endpoint, ...]) -> None:
+    """Refuse configurations that would send a provider's key to a local server."""
+    remote_vars = {e.api_key_env for e in endpoints if e.api_key_env and not e.is_local}
+    for e in endpoints:
+        if e.is_local and e.api_key_env in remote_vars:
+            raise ConfigError(
+                f"local endpoint {e.name} would be sent the key in {e.api_key_env}, which "
+                "belongs to a remote endpoint; give it its own variable or none",
+                key_path="llm.endpoints.api_key_env",
+            )
+
+
+def _detail(exc: openai.APIError) -> str:
+    body = exc.body
+    message = body.get("message") if isinstance(body, dict) else None
+    return short(redact(str(message if isinstance(message, str) else exc.message)), 200)
+
+
+def translate_error(exc: BaseException, endpoint: str) -> LLMError | None:
+    """Map an SDK / asyncio exception onto the factory hierarchy.
+
+    Most specific first: ``APITimeoutError`` is an ``APIConnectionError`` and
+    ``RateLimitError`` an ``APIStatusError``. The caller chains with ``from``.
+
+    Args:
+        exc: what the SDK call raised.
+        endpoint: endpoint name, for the message and ``.endpoint``.
+
+    Returns:
+        The factory error, or ``None`` for exceptions that are not transport
+        failures (programming errors propagate unchanged).
+    """
+    if isinstance(exc, openai.APITimeoutError | asyncio.TimeoutError | TimeoutError):
+        return LLMTimeout(
+            f"{endpoint}: request timed out; raise llm.timeout_s if the model needs longer",
+            endpoint=endpoint,
+        )
+    if isinstance(exc, openai.RateLimitError):
+        retry_after = parse_retry_after(exc.response.headers)
+        hint = f"; server asks to wait {retry_after:.1f}s" if retry_after is not None else ""
+        return LLMRateLimited(
+            f"{endpoint}: HTTP 429 rate limited{hint}: {_detail(exc)}",
+            retry_after=retry_after,
+            endpoint=endpoint,
+            status=429,
+        )
+    if isinstance(exc, openai.APIConnectionError):
+        return LLMServerError(
+            f"{endpoint}: connection failed: {short(redact(str(exc)), 200)}", endpoint=endpoint
+        )
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status == 429:  # a 429 the SDK did not type as RateLimitError
+            retry_after = parse_retry_after(exc.response.headers)
+            return LLMRateLimited(
+                f"{endpoint}: HTTP 429 rate limited: {_detail(exc)}",
+                retry_after=retry_after,
+                endpoint=endpoint,
+                status=429,
+            )
+        if isinstance(exc, openai.InternalServerError) or status in (408, 409) or status >= 500:
+            return LLMServerError(
+                f"{endpoint}: HTTP {status}: {_detail(exc)}", endpoint=endpoint, status=status
+            )
+        return LLMBadRequest(
+            f"{endpoint}: HTTP {status}: {_detail(exc)}; retrying will not "
+            "help, check the model name, key and request parameters",
+            endpoint=endpoint,
+            status=status,
+        )
+    if isinstance(exc, openai.APIError):  # e.g. a response that does not match the schema
+        return LLMServerError(f"{endpoint}: unusable response: {_detail(exc)}", endpoint=endpoint)
+    return None
+
+
+def _request_header(request_id: str) -> str:
+    printable = "".join(ch if 32 <= ord(ch) < 127 else "_" for ch in request_id)
+    return printable[:_MAX_REQUEST_ID]
+
+
+def _text_field(obj: Any, name: str) -> str | None:
+    value = getattr(obj, name, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None) or {}
+        value = extra.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+class LLMClient:
+    """Chat completions against an endpoint pool, for one model and sampling setup.
+
+    Build one per actor (it owns HTTP connection pools) and use it from that
+    actor's event loop only.
+
+    Args:
+        pool: the endpoints; shared breaker and routing state for this client.
+        model: model id sent to the server.
+        sampling: the recipe's ``llm.sampling``; mapped per model family.
+        concurrency: requests this client has in flight at most.
+        timeout_s: bound on one attempt, end to end.
+        retry: retry policy for retryable failures.
+        price: for ``cost_usd``; ``None`` prices the model at 0 (local models).
+        client_factory: builds the SDK client per endpoint (tests pass their own);
+            it must turn SDK retries off.
+        sleep: awaited for backoff delays (tests inject a recorder).
+        rng: jitter source.
+        clock: monotonic seconds for latency.
+
+    Raises:
+        ConfigError: bad sampling options, bad concurrency/timeout, a missing key
+            (naming the variable), or a key shared between a remote and a local
+            endpoint.
+    """
+
+    def __init__(
+        self,
+        pool: EndpointPool,
+        model: str,
+        sampling: Mapping[str, Any],
+        *,
+        concurrency: int,
+        timeout_s: float,
+        retry: RetryPolicy,
+        price: Price | None,
+        client_factory: ClientFactory = openai_client_factory,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(
+                f"must be at least 1, got {concurrency}", key_path="llm.per_actor_concurrency"
+            )
+        if not timeout_s > 0:
+            raise ConfigError(f"must be positive, got {timeout_s}", key_path="llm.timeout_s")
+        self._request: RequestParams = resolve_params(model, sampling)
+        self._pool = pool
+        self._model = model
+        self._timeout_s = timeout_s
+        self._retry = retry
+        self._price = price
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._semaphore = asyncio.Semaphore(concurrency)
+        _check_key_isolation(pool.endpoints)
+        keys = {e.name: resolve_api_key(e) for e in pool.endpoints}
+        self._clients = {e.name: client_factory(e, keys[e.name], timeout_s) for e in pool.endpoints}
+        self._totals = {
+            "calls": 0,
+            "failed": 0,
+            "attempts": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "cost_usd": 0.0,
+        }
+
+    @property
+    def model(self) -> str:
+        """The model id this client requests."""
+        return self._model
+
+    @property
+    def pool(self) -> EndpointPool:
+        """The endpoint pool (for its stats)."""
+        return self._pool
+
+    @property
+    def request_params(self) -> RequestParams:
+        """Resolved sampling parameters, including the options dropped for this model."""
+        return self._request
+
+    def totals(self) -> dict[str, float]:
+        """Running counts for this client: calls, failures, attempts, tokens, cost."""
+        return dict(self._totals)
+
+    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+        """One chat completion, retried and failed over as needed.
+
+        Args:
+            messages: OpenAI chat messages.
+            request_id: correlates logs, the server's access log
+                (``X-Client-Request-Id``) and the row; becomes ``row_id`` on errors.
+
+        Returns:
+            The completion.
+
+        Raises:
+            LLMError: after retries (``LLMTimeout``, ``LLMRateLimited``,
+                ``LLMServerError``) or at once (``LLMBadRequest``); ``.attempts``
+                says how many were made.
+        """
+        started = self._clock()
+        tried: list[str] = []
+        kwargs = {
+            "model": self._model,
+            "messages": messages,
+            **self._request.params,
+            "extra_headers": {"X-Client-Request-Id": _request_header(request_id)},
+        }
+
+        async def attempt(_number: int) -> Completion:
+            async with self._semaphore:
+                return await self._attempt(kwargs, tried)
+
+        def on_retry(number: int, err: LLMError, delay: float) -> None:
+            log.warning(
+                "request %s: attempt %d failed (%s); retrying in %.2fs",
+                request_id,
+                number,
+                err.describe(),
+                delay,
+            )
+
+        try:
+            result = await call_with_retry(
+                attempt, self._retry, sleep=self._sleep, on_retry=on_retry, rng=self._rng
+            )
+        except LLMError as err:
+            self._totals["calls"] += 1
+            self._totals["failed"] += 1
+            self._totals["attempts"] += getattr(err, "attempts", 1)
+            if err.row_id is None:
+                err.row_id = request_id
+            raise
+        completion = result.value
+        self._totals["calls"] += 1
+        self._totals["attempts"] += result.attempts
+        self._totals["prompt_tokens"] += int(completion.usage.get("prompt_tokens") or 0)
+        self._totals["completion_tokens"] += int(completion.usage.get("completion_tokens") or 0)
+        self._totals["cost_usd"] += completion.cost_usd
+        return replace(completion, attempts=result.attempts, latency_s=self._clock() - started)
+
+    async def _attempt(self, kwargs: dict[str, Any], tried: list[str]) -> Completion:
+        lease = self._pool.acquire(avoid=tried)
+        name = lease.endpoint.name
+        sent = self._clock()
+        try:
+            response = await asyncio.wait_for(
+                self._clients[name].chat.completions.create(**kwargs), timeout=self._timeout_s
+            )
+            completion = self._parse(response, name)
+        except asyncio.CancelledError:
+            self._pool.release(lease, None, self._clock() - sent)
+            raise
+        except Exception as exc:
+            err = exc if isinstance(exc, LLMError) else translate_error(exc, name)
+            if err is None:  # not a transport failure: a bug, surface it as is
+                self._pool.release(lease, True, self._clock() - sent)
+                raise
+            self._pool.release(lease, not is_endpoint_failure(err), self._clock() - sent)
+            if err.retryable and name not in tried:
+                tried.append(name)
+            if err is exc:
+                raise
+            raise err from exc
+        self._pool.release(lease, True, self._clock() - sent)
+        return completion
+
+    def _parse(self, response: Any, endpoint: str) -> Completion:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise LLMServerError(f"{endpoint}: response has no choices", endpoint=endpoint)
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        if message is None:
+            raise LLMServerError(f"{endpoint}: response choice has no message", endpoint=endpoint)
+        usage_obj = getattr(response, "usage", None)
+        usage: dict[str, Any]
+        if usage_obj is None:
+            usage = {}
+        elif isinstance(usage_obj, Mapping):
+            usage = dict(usage_obj)
+        else:
+            usage = usage_obj.model_dump(exclude_none=True)
+        return Completion(
+            text=message.content or "",
+            reasoning=_text_field(message, "reasoning_content")
+            or _text_field(message, "reasoning"),
+            usage=usage,
+            cost_usd=cost(usage, self._price),
+            endpoint=endpoint,
+            attempts=0,  # filled in by complete()
+            latency_s=0.0,
+            model=getattr(response, "model", None) or self._model,
+            system_fingerprint=getattr(response, "system_fingerprint", None),
+            finish_reason=getattr(choice, "finish_reason", None),
+        )
+
+    async def aclose(self) -> None:
+        """Close every endpoint's HTTP client."""
+        for client in self._clients.values():
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
+
+    async def __aenter__(self) -> LLMClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
