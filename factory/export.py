@@ -35,9 +35,12 @@ __all__ = [
     "OBSERVATION_SEPARATOR",
     "THINK_CLOSE",
     "THINK_OPEN",
+    "calls_json",
     "check_structure",
     "export_tools",
     "normalize",
+    "normalize_mapped",
+    "render_conversations",
     "to_sharegpt",
 ]
 

@@ -30,7 +30,7 @@ from factory.reasons import Issue
 from factory.trajectory import Trajectory
 from factory.validate import compile_schema, format_path
 
-__all__ = ["MAX_PARALLEL_CALLS", "DomainRules", "Rule"]
+__all__ = ["MAX_PARALLEL_CALLS", "DomainRules", "Rule", "parse_path"]
 
 MAX_PARALLEL_CALLS = "domain:max_parallel_calls"
 

@@ -36,7 +36,14 @@ from factory.trajectory import ROLES, ToolCall, Trajectory, canonical_json, norm
 if TYPE_CHECKING:
     from factory.rules import DomainRules
 
-__all__ = ["ISSUE_ORDER", "compile_schema", "first_reason", "validate", "validate_calls"]
+__all__ = [
+    "ISSUE_ORDER",
+    "compile_schema",
+    "first_reason",
+    "format_path",
+    "validate",
+    "validate_calls",
+]
 
 # Most fundamental first: a row LLaMA-Factory cannot read, then broken tool
 # lists, then calls that do not fit their tool, then domain rules.
