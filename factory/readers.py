@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from factory.errors import ConfigError, SeedError, SeedFormatError, short
-from factory.formats import MAX_RECORD_BYTES, MAX_RECORD_DEPTH, hermes, parse_record
+from factory.formats import LIST_KEYS, MAX_RECORD_BYTES, MAX_RECORD_DEPTH, parse_record
 from factory.trajectory import Trajectory
 
 __all__ = [
@@ -164,7 +164,7 @@ def _json_records(source: str, data: bytes) -> Iterator[RawRecord]:
         yield _error(source, 0, "invalid_json", short(str(exc), 120), text)
         return
     items: Any = doc
-    if isinstance(doc, dict) and not any(k in doc for k in hermes.LIST_KEYS):
+    if isinstance(doc, dict) and not any(k in doc for k in LIST_KEYS):
         wrapped = next((doc[k] for k in _WRAPPER_KEYS if isinstance(doc.get(k), list)), None)
         items = wrapped if wrapped is not None else [doc]
     elif not isinstance(doc, list):

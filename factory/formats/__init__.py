@@ -21,10 +21,17 @@ from typing import Any
 
 from factory.errors import RepairError, SeedError, SeedFormatError, short
 from factory.formats import hermes, openai_chat, sharegpt
-from factory.formats._common import decode_list
+from factory.formats._common import LIST_KEYS, message_list
 from factory.trajectory import Trajectory
 
-__all__ = ["FORMATS", "MAX_RECORD_BYTES", "MAX_RECORD_DEPTH", "detect_format", "parse_record"]
+__all__ = [
+    "FORMATS",
+    "LIST_KEYS",
+    "MAX_RECORD_BYTES",
+    "MAX_RECORD_DEPTH",
+    "detect_format",
+    "parse_record",
+]
 
 # Limits that protect a worker from one pathological record; override per call.
 MAX_RECORD_BYTES = 2_000_000
@@ -43,7 +50,8 @@ def check_limits(record: Any, *, max_bytes: int, max_depth: int) -> None:
     """Refuse records whose text size or nesting exceeds the limits (iterative walk).
 
     Size counts string characters plus a few bytes per scalar, close to the
-    record's JSON length, and stops as soon as the limit is passed.
+    record's JSON length, and stops as soon as the limit is passed. Depth counts
+    nested containers: ``{"messages": [{...}]}`` has depth 3.
 
     Raises:
         SeedFormatError: ``too_large``.
@@ -52,7 +60,7 @@ def check_limits(record: Any, *, max_bytes: int, max_depth: int) -> None:
     todo: list[tuple[Any, int]] = [(record, 1)]
     while todo:
         item, depth = todo.pop()
-        if depth > max_depth:
+        if depth > max_depth and isinstance(item, (dict, list, tuple)):
             raise SeedFormatError("too_large", f"record nested deeper than {max_depth} levels")
         if isinstance(item, dict):
             size += 2 + 4 * len(item)
@@ -76,13 +84,7 @@ def detect_format(record: dict[str, Any]) -> str:
     Raises:
         SeedFormatError: ``unknown_format``, ``bad_field_type`` or ``empty_trajectory``.
     """
-    key = next((k for k in hermes.LIST_KEYS if k in record), None)
-    if key is None:
-        keys = short(sorted(map(str, record))[:20], 120)
-        raise SeedFormatError(
-            "unknown_format", f"no conversations/messages/traj field; keys {keys}"
-        )
-    messages = decode_list(record, key)
+    key, messages = message_list(record)
     if not messages:
         raise SeedFormatError("empty_trajectory", f"{key} is empty")
     first = messages[0]

@@ -18,6 +18,8 @@ from factory.trajectory import ToolCall, Trajectory, Turn, normalize_tool_spec
 _THINK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.S)
 # Fields copied from the record into metadata when present (tau-bench, APIGen-MT ...).
 CARRIED_FIELDS = ("reward", "task_id", "trial", "user_id")
+# Where a record keeps its messages; the layout inside decides the format, not the key.
+LIST_KEYS = ("conversations", "messages", "traj")
 
 
 def fail(reason: str, message: str) -> SeedFormatError:
@@ -69,6 +71,15 @@ def decode_list(record: dict[str, Any], key: str) -> list[Any]:
         if not isinstance(item, dict):
             raise fail("bad_field_type", f"{key}[{i}]: expected an object")
     return value
+
+
+def message_list(record: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``(key, messages)`` from the first of ``LIST_KEYS`` the record has."""
+    key = next((k for k in LIST_KEYS if k in record), None)
+    if key is None:
+        keys = short(sorted(map(str, record))[:20], 120)
+        raise fail("unknown_format", f"no conversations/messages/traj field; keys {keys}")
+    return key, decode_list(record, key)
 
 
 def parse_tools(raw: Any, default_tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -24,10 +24,10 @@ from factory.formats._common import (
     Pending,
     add_system,
     as_text,
-    decode_list,
     fail,
     finish,
     make_call,
+    message_list,
     observation,
     parse_tools,
     split_think,
@@ -36,10 +36,9 @@ from factory.formats._common import (
 from factory.repair import parse_json_value
 from factory.trajectory import ToolCall, Trajectory, Turn
 
-__all__ = ["FORMAT", "LIST_KEYS", "has_markup", "parse"]
+__all__ = ["FORMAT", "has_markup", "parse"]
 
 FORMAT = "hermes"
-LIST_KEYS = ("conversations", "messages", "traj")
 _ROLES = {
     "system": "system",
     "human": "user",
@@ -64,10 +63,10 @@ def has_markup(role: str, text: str) -> bool:
 
 
 def _tools_from_system(system: str) -> list[Any] | None:
-    m = _TOOLS.search(system)
-    if not m:
+    # Hermes prompts mention "<tools></tools> XML tags" before the real, non-empty block.
+    body = next((b.strip() for b in _TOOLS.findall(system) if b.strip()), None)
+    if body is None:
         return None
-    body = m.group(1).strip()
     try:
         value, _ = parse_json_value(body, reason="bad_tools")
         return value if isinstance(value, list) else [value]
@@ -133,10 +132,7 @@ def parse(
         SeedFormatError: with a reason code (bad_role, bad_field_type, bad_tools,
             malformed_arguments, arguments_not_object, malformed_observation, ...).
     """
-    key = next((k for k in LIST_KEYS if k in record), None)
-    if key is None:
-        raise fail("unknown_format", "a Hermes record needs 'conversations' or 'messages'")
-    messages = decode_list(record, key)
+    key, messages = message_list(record)
     system = record.get("system") or ""
     if not isinstance(system, str):
         raise fail("bad_field_type", "system: expected a string")

@@ -17,10 +17,10 @@ from factory.formats._common import (
     Pending,
     add_system,
     as_text,
-    decode_list,
     fail,
     finish,
     make_call,
+    message_list,
     observation,
     parse_tools,
     split_think,
@@ -78,10 +78,7 @@ def parse(
         SeedFormatError: with a reason code (bad_role, bad_field_type, bad_tools,
             malformed_arguments, arguments_not_object, malformed_observation, ...).
     """
-    key = "messages" if "messages" in record else "traj"
-    if key not in record:
-        raise fail("unknown_format", "an OpenAI chat record needs 'messages' or 'traj'")
-    messages = decode_list(record, key)
+    key, messages = message_list(record)
     system = record.get("system") or ""
     if not isinstance(system, str):
         raise fail("bad_field_type", "system: expected a string")

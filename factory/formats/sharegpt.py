@@ -19,10 +19,10 @@ from factory.formats._common import (
     Pending,
     add_system,
     as_text,
-    decode_list,
     fail,
     finish,
     make_call,
+    message_list,
     observation,
     parse_tools,
     split_think,
@@ -95,9 +95,7 @@ def parse(
         SeedFormatError: with a reason code (bad_role, bad_field_type, bad_tools,
             malformed_arguments, arguments_not_object, malformed_observation, ...).
     """
-    if "conversations" not in record:
-        raise fail("unknown_format", "a ShareGPT record needs 'conversations'")
-    conv = decode_list(record, "conversations")
+    key, conv = message_list(record)
     system = record.get("system") or ""
     if not isinstance(system, str):
         raise fail("bad_field_type", "system: expected a string")
@@ -107,7 +105,7 @@ def parse(
     pending = Pending()
     prev_kind = None
     for i, msg in enumerate(conv):
-        where = f"conversations[{i}]"
+        where = f"{key}[{i}]"
         role = msg.get("from")
         kind = _ROLES.get(role) if isinstance(role, str) else None
         if kind is None:
