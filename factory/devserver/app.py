@@ -394,6 +394,7 @@ def _complete(
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
+    arrived = time.monotonic()
     state = request.app[_STATE]
     transport = request.transport
     if state.dead or transport is None:
@@ -444,12 +445,12 @@ async def _chat(request: web.Request) -> web.StreamResponse:
                 await state.slots.acquire()
             finally:
                 state.waiting -= 1
+            arrived = time.monotonic()  # generation starts once a slot is free
         else:
             await state.slots.acquire()
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
-            started = time.monotonic()
             content, applied, finish = _complete(payload, kind, state, digest, defect, drng)
             prompt_tokens, cached = state.prompt_usage(
                 payload["model"], payload["messages"], payload.get("tools")
@@ -477,7 +478,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
                 },
             }
             text = json.dumps(response, ensure_ascii=False)
-            await asyncio.sleep(max(0.0, latency - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, latency - (time.monotonic() - arrived)))
         finally:
             state.in_flight -= 1
             state.slots.release()

@@ -566,7 +566,10 @@ def vary_opening(text: str, rng: random.Random) -> str:
         m = pattern.search(out)
         if m:
             alternatives = [o for o in options if o != m.group(0)]
-            out = out[: m.start()] + rng.choice(alternatives) + out[m.end() :]
+            rest = out[m.end() :]
+            if options is _OPENING_SWAPS[0][1]:  # a new greeting starts a new sentence
+                rest = rest[:1].upper() + rest[1:]
+            out = out[: m.start()] + rng.choice(alternatives) + rest
     if out == text:
         out = rng.choice(_GREETINGS) + text
     return out
