@@ -74,8 +74,11 @@ def decode_list(record: dict[str, Any], key: str) -> list[Any]:
 
 
 def message_list(record: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``(key, messages)`` from the first of ``LIST_KEYS`` the record has."""
-    key = next((k for k in LIST_KEYS if k in record), None)
+    """``(key, messages)`` from the first of ``LIST_KEYS`` the record has.
+
+    A null value counts as absent: Parquet gives every row every column.
+    """
+    key = next((k for k in LIST_KEYS if record.get(k) is not None), None)
     if key is None:
         keys = short(sorted(map(str, record))[:20], 120)
         raise fail("unknown_format", f"no conversations/messages/traj field; keys {keys}")
