@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
@@ -101,15 +102,15 @@ def _strict(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
+@dataclass
 class _Scan:
     """What the lenient token scan found in the input text."""
 
-    def __init__(self) -> None:
-        self.literals: list[set[str]] = []  # per string literal: its possible decodings
-        self.numbers: list[float] = []
-        self.keywords: list[Any] = []
-        self.keys: list[str] = []  # bare-word keys
-        self.problem: str | None = None
+    literals: list[set[str]] = field(default_factory=list)  # per literal: what it decodes to
+    numbers: list[float] = field(default_factory=list)
+    keywords: list[Any] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # bare-word keys
+    problem: str | None = None
 
 
 def _decodings(token: str, quote: str) -> set[str]:
@@ -281,10 +282,7 @@ def _recover(text: str, reason: str) -> tuple[Any, list[str]]:
         raise RepairError(reason, "JSON nested too deeply") from exc
     except Exception as exc:  # json_repair has no error hierarchy of its own
         raise RepairError(reason, f"json_repair failed: {short(str(exc), 80)}") from exc
-    try:
-        problem = _check_lossless(text, value)
-    except RecursionError as exc:  # pragma: no cover - _atoms is iterative
-        raise RepairError(reason, "JSON nested too deeply") from exc
+    problem = _check_lossless(text, value)  # iterative: no recursion limit to hit
     if problem is not None:
         raise RepairError(reason, f"cannot repair {short(text, 80)!r}: {problem}")
     return value, [*notes, NOTE_JSON_REPAIR]
@@ -348,7 +346,8 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], list[str]]:
 
 def looks_like_json(text: str) -> bool:
     """True when ``text`` opens like a JSON object or array (not ``[INFO] ...`` prose)."""
-    return bool(_JSONISH.match(text)) or bool(_FENCE.match(text))
+    fenced = _FENCE.match(text)
+    return bool(_JSONISH.match(fenced.group(1) if fenced else text))
 
 
 def parse_observation(text: str) -> tuple[str, list[str]]:

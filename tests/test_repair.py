@@ -197,7 +197,15 @@ def test_malformed_observation(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("{a: 1}", True), ('  ["x"]', True), ("[1, 2", True), ("[INFO] x", False), ("hi", False)],
+    [
+        ("{a: 1}", True),
+        ('  ["x"]', True),
+        ("[1, 2", True),
+        ('```json\n{"a": 1}\n```', True),
+        ("[INFO] x", False),
+        ("hi", False),
+        ("```python\nprint(1)\n```", False),
+    ],
 )
 def test_looks_like_json(text: str, expected: bool) -> None:
     assert looks_like_json(text) is expected
