@@ -447,6 +447,7 @@ def test_send_certificate_uses_three_fixed_ids(env: AirlineEnv) -> None:
     ("tool", "args", "observation"),
     [
         ("fly_me", {}, "Error: unknown tool 'fly_me'"),
+        (["fly_me"], {}, "Error: unknown tool ['fly_me']"),
         (
             "get_user_details",
             ["ada_lee_1"],
@@ -500,7 +501,7 @@ def test_send_certificate_uses_three_fixed_ids(env: AirlineEnv) -> None:
     ],
 )
 def test_malformed_calls_are_error_observations(
-    env: AirlineEnv, tool: str, args: Any, observation: str
+    env: AirlineEnv, tool: Any, args: Any, observation: str
 ) -> None:
     before = copy.deepcopy(env.state)
     assert env.execute(tool, args) == observation
