@@ -19,8 +19,8 @@ Conventions kept from tau-bench (``tau_bench/envs/airline/tools/*.py``):
   ``created_at`` of a booking is the domain's "now", ``2024-05-15T15:00:00``;
 * quirks are kept on purpose: a missing reservation in
   ``get_reservation_details`` reports ``user not found``; the one-stop search
-  builds the next day as ``2024-05-{day+1}`` (no zero padding) and copies the
-  second leg's status from the *first* leg's date.
+  builds the next day as ``2024-05-{day+1}`` (no zero padding) and fills in the
+  second leg's details from its entry for the *first* leg's date.
 
 Two deliberate departures, both where tau-bench has no usable answer:
 ``send_certificate`` with all three certificate ids taken returns an error
