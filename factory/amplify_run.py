@@ -13,8 +13,10 @@ the budget), and says which.
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,9 @@ def plan_round(
     remaining = amp.target - accepted
     if remaining <= 0:
         return 0, None
-    observed = accepted / issued if issued else amp.expected_yield
-    n = math.ceil(remaining / max(observed, 0.05))
+    # First round: one call per missing row (no surplus when nothing fails); later
+    # rounds scale what is missing by the yield observed so far.
+    n = math.ceil(remaining / max(accepted / issued, 0.05)) if issued else remaining
     if amp.max_calls is not None:
         n = min(n, amp.max_calls - issued)
         if n <= 0:
@@ -63,8 +66,13 @@ def plan_round(
     return n, None
 
 
-def _collect_seeds(cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> dict[str, str]:
-    """Run phase 1; return kept seeds ``{id: record JSON}``; rejects go to rejects/seeds/."""
+def _collect_seeds(
+    cfg: RecipeConfig, out_dir: Path, manifest: Manifest
+) -> tuple[dict[str, str], Counter[str], float]:
+    """Run phase 1: kept seeds ``{id: record JSON}``, judge tokens and cost.
+
+    Rejected and failed seeds go to ``rejects/seeds/`` and ``failed/seeds/``.
+    """
     from factory.pipeline import checked_seed_dataset, iter_rows
     from factory.raycompat import map_stage
     from factory.stages.prefilter import build_prefilter
@@ -75,13 +83,17 @@ def _collect_seeds(cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> dict
             ds, build_prefilter, cfg, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
         )
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
+    failed = RejectWriter(out_dir, subdir="failed/seeds")
     kept: dict[str, str] = {}
+    tokens: Counter[str] = Counter()
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0}
     reasons: dict[str, int] = {}
     cost = 0.0
     for row in iter_rows(ds):
         counts["total"] += 1
         cost += float(row.get("cost_usd") or 0.0)
+        if row.get("usage"):
+            tokens.update(json.loads(row["usage"]))
         if row["status"] == OK and row["id"] in kept:
             row.update(
                 status=REJECTED,
@@ -96,12 +108,14 @@ def _collect_seeds(cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> dict
         counts["failed" if row["status"] == FAILED else "rejected"] += 1
         key = f"{row['stage']}:{row['reason']}"
         reasons[key] = reasons.get(key, 0) + 1
-        rejects.add({k: v for k, v in row.items() if v is not None})
+        writer = failed if row["status"] == FAILED else rejects
+        writer.add({k: v for k, v in row.items() if v is not None})
     rejects.close()
-    manifest.extra["seeds"] = {**counts, "reasons": reasons, "prefilter_cost_usd": round(cost, 6)}
+    failed.close()
+    manifest.extra["seeds"] = {**counts, "reasons": reasons}
     if not kept:
         raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
-    return kept
+    return kept, tokens, cost
 
 
 def _call_dataset(cfg: RecipeConfig, kept: dict[str, str], start: int, n: int) -> Any:
@@ -135,7 +149,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     started = time.time()
     init_ray()
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
-    kept = _collect_seeds(cfg, out_dir, manifest)
+    kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
     target = cfg.amplify.target
     collector = Collector(
         out_dir,
@@ -181,7 +195,15 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     static = template.render(Trajectory.from_json(next(iter(kept.values())))).static_tokens()
     prompt_tokens = collector.tokens["prompt_tokens"]
     reached = collector.accepted >= target
+    amplify_tokens = dict(collector.tokens)
+    amplify_cost = collector.cost_usd
+    collector.tokens.update(judge_tokens)  # manifest "tokens" / "cost_usd": whole-run totals
+    collector.cost_usd += judge_cost
     totals = collector.close(
+        by_stage={
+            "prefilter": {"tokens": dict(judge_tokens), "cost_usd": round(judge_cost, 6)},
+            "amplify": {"tokens": amplify_tokens, "cost_usd": round(amplify_cost, 6)},
+        },
         pipeline="amplify",
         calls={"issued": issued, "rounds": rounds},
         target={

@@ -137,7 +137,7 @@ class AmplifyConfig(_Strict):
     seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
     prompt: str = Field("../prompts/amplify.j2", description="Amplification prompt template.")
     expected_yield: float = Field(
-        0.85, gt=0, le=1, description="Planning estimate of accepted / issued calls."
+        0.9, gt=0, le=1, description="Planning estimate (dry run) of accepted / issued calls."
     )
     max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")

@@ -12,7 +12,6 @@ batches (streaming: no stage holds all rows) and hands rows to the Collector.
 
 from __future__ import annotations
 
-import glob
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import pyarrow as pa
 
 from factory.config import RecipeConfig
 from factory.domain import load_domain
-from factory.errors import SeedError
-from factory.readers import iter_hf_records, records_from_bytes
+from factory.errors import ConfigError
+from factory.readers import iter_hf_records, records_from_bytes, resolve_paths
 from factory.stages.base import rows_to_table
 from factory.stages.export import ExportStage
 from factory.stages.seeds import SeedCheckStage, raw_record_rows
@@ -31,27 +30,17 @@ __all__ = ["build_seed_check", "expand_seed_paths", "seed_rows_local"]
 
 
 def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
-    """The seed files a recipe names (paths, folders, globs), sorted and de-duplicated.
+    """The seed files a recipe names (paths, folders, globs; relative to the recipe).
 
     Raises:
-        SeedError: nothing matches (exit code 3: an input problem, not a config one).
+        ConfigError: a spec matches nothing (key path ``seeds.path``).
     """
     specs = cfg.seeds.path if isinstance(cfg.seeds.path, list) else [cfg.seeds.path]
-    files: list[str] = []
-    for spec in specs:
-        if spec is None:
-            continue
-        path = cfg.resolve(spec)
-        if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*") if p.is_file())
-        elif any(ch in str(path) for ch in "*?["):
-            files += sorted(glob.glob(str(path), recursive=True))
-        elif path.is_file():
-            files.append(str(path))
-    files = sorted(dict.fromkeys(files))
-    if not files:
-        raise SeedError("no_seeds", f"no seed files match seeds.path {cfg.seeds.path!r}")
-    return files
+    try:
+        files = resolve_paths([str(cfg.resolve(s)) for s in specs if s is not None])
+    except ConfigError as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1], key_path="seeds.path") from exc
+    return sorted(dict.fromkeys(str(f) for f in files))
 
 
 def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 from factory.config import RecipeConfig
 from factory.domain import load_domain
 from factory.formats.completion import render_output
+from factory.llm.pricing import PriceTable, cost
 from factory.pipeline import build_seed_check, seed_rows_local
 from factory.prompts import PromptTemplate, estimate_tokens
 from factory.stages.base import OK
@@ -94,19 +95,15 @@ class Plan:
 
 
 def _cost(cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int) -> float | None:
-    price = cfg.prices.get(model)
+    price = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()}).lookup(model)
     if price is None:
         return None
-    cached_rate = (
-        price.cached_input_per_mtok
-        if price.cached_input_per_mtok is not None
-        else price.input_per_mtok
-    )
-    return (
-        (prompt - cached) * price.input_per_mtok
-        + cached * cached_rate
-        + completion * price.output_per_mtok
-    ) / 1e6
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    return cost(usage, price)
 
 
 def _stage(

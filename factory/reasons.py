@@ -66,6 +66,11 @@ REASONS: dict[str, str] = {
     "prefilter_rejected": "the LLM judge decided not to keep the seed",
     "unparsable_completion": "the model's output holds no recoverable trajectory",
     "llm_failed": "the LLM call failed after all retries",
+    "llm_timeout": "every attempt of the LLM call timed out",
+    "llm_rate_limited": "the provider kept answering 429 until the retries ran out",
+    "llm_server_error": "5xx or connection failures until the retries ran out",
+    "llm_bad_request": "the provider refused the request (4xx); retrying cannot help",
+    "internal_error": "an unexpected error in a stage (a bug: please report it)",
     # --- grounding against an executable world ---
     "contradicts_executor": "a simulated observation contradicts the executed one",
 }

@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except FactoryError as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into `head`: not an error of ours
+        sys.stderr.close()
+        return 0
     except Exception as exc:
         if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("FACTORY_DEBUG"):
             raise

@@ -20,3 +20,39 @@ def taubench_dir() -> Path:
     if not TAUBENCH.is_dir():
         pytest.skip(f"reference data not found at {TAUBENCH} (../shared is absent)")
     return TAUBENCH
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory: pytest.TempPathFactory):
+    """One local Ray for the whole session: 2 CPUs, no dashboard, a short temp dir
+    (Ray's unix socket paths must stay under ~107 characters)."""
+    import tempfile
+
+    import ray
+
+    short_tmp = tempfile.mkdtemp(prefix="ft", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = short_tmp
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=short_tmp, log_to_driver=False)
+    from factory.raycompat import init_ray
+
+    init_ray()  # applies the factory's DataContext settings to the running session
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def devserver():
+    """Start a development LLM server on 127.0.0.1; ``devserver(**config)`` returns it."""
+    from factory.devserver import DevServer, DevServerConfig
+
+    servers = []
+
+    def start(**kw):
+        server = DevServer(DevServerConfig(**kw)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()

@@ -11,8 +11,9 @@ new trajectory in it::
 Why this shape: it is OpenAI chat messages, which every model has seen, but
 with ``arguments`` as an object (no JSON inside a JSON string, the commonest
 source of broken output) and reasoning in its own field. One JSON object means
-``json-repair`` can recover a truncated or slightly broken answer as a whole,
-and the repair rules of ``factory.repair`` apply to every nested piece.
+``json-repair`` can mend small syntax slips (a trailing comma, single quotes)
+in the answer as a whole, while ``factory.repair``'s lossless policy refuses
+anything truncated mid-value instead of guessing how it ended.
 """
 
 from __future__ import annotations
