@@ -175,12 +175,16 @@ class _Ent:
 
 
 class _Tpl:
-    """A string with entity holes: literal ``str`` parts and ``_Ent`` parts."""
+    """A string with entity holes, as a ``str.format`` pattern over the entity values.
 
-    __slots__ = ("parts",)
+    ``str.format`` fills every hole of a string in one C call, which keeps a
+    request's rendering cheap.
+    """
 
-    def __init__(self, parts: list[str | _Ent]) -> None:
-        self.parts = parts
+    __slots__ = ("fmt",)
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
 
 
 @dataclass
@@ -189,6 +193,7 @@ class Reference:
 
     raw: dict[str, Any]
     messages: list[dict[str, Any]]  # output-format messages whose strings may be _Tpl
+    entities: tuple[_Ent, ...] = ()  # distinct entities; _Tpl holes index into it
     first_names: tuple[str, ...] = ()
     last_names: tuple[str, ...] = ()
     airports: tuple[str, ...] = ()
@@ -270,6 +275,10 @@ def _month_length(year: int | None, month: int) -> int:
     return calendar.monthrange(year, month)[1]
 
 
+def _brace(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 class _Compiler:
     """Turns strings into templates with one reference-specific regex."""
 
@@ -295,6 +304,8 @@ class _Compiler:
         self.regex = re.compile(_HEAD + lit + _TAIL)
         self.airports: set[str] = set()
         self.idents: set[str] = set(found.ids)
+        self.entities: list[_Ent] = []
+        self.index: dict[tuple[str, str], int] = {}
         self.ranges: dict[int, tuple[int, int]] = {}
 
     def _date(self, year: int | None, month: int, day: int) -> bool:
@@ -328,21 +339,24 @@ class _Compiler:
         return _Ent(kind or "", text)
 
     def template(self, text: str) -> str | _Tpl:
-        parts: list[str | _Ent] = []
+        parts: list[str] = []
         pos = 0
         for m in self.regex.finditer(text):
             ent = self._entity(m)
             if ent is None:
                 continue
-            if m.start() > pos:
-                parts.append(text[pos : m.start()])
-            parts.append(ent)
+            key = (ent.kind, ent.value)
+            index = self.index.get(key)
+            if index is None:
+                index = self.index[key] = len(self.entities)
+                self.entities.append(ent)
+            parts.append(_brace(text[pos : m.start()]))
+            parts.append(f"{{{index}}}")
             pos = m.end()
         if not parts:
             return text
-        if pos < len(text):
-            parts.append(text[pos:])
-        return _Tpl(parts)
+        parts.append(_brace(text[pos:]))
+        return _Tpl("".join(parts))
 
     def walk(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -399,6 +413,7 @@ def compile_reference(reference: dict[str, Any]) -> Reference:
         airports=tuple(sorted(comp.airports)),
         month_ranges=dict(sorted(comp.ranges.items())),
         ids=frozenset(comp.idents),
+        entities=tuple(comp.entities),
     )
 
 
@@ -429,7 +444,7 @@ def _ordinal(day: int) -> str:
 
 
 class _Renamer:
-    """One request's consistent mapping; ids are drawn lazily in render order."""
+    """One request's consistent mapping, drawn entity by entity in first-occurrence order."""
 
     def __init__(self, ref: Reference, rng: random.Random) -> None:
         self.rng = rng
@@ -448,14 +463,9 @@ class _Renamer:
             choices = [d for d in range(lo, hi + 1) if d] or [0]
             self.deltas[month] = rng.choice(choices)
         self.used: set[str] = set(ref.ids)
-        self.memo: dict[tuple[str, str], str] = {}
 
     def __call__(self, ent: _Ent) -> str:
-        key = (ent.kind, ent.value)
-        out = self.memo.get(key)
-        if out is None:
-            out = self.memo[key] = self._make(ent)
-        return out
+        return self._make(ent)
 
     def _fresh(self, make: Callable[[], str]) -> str:
         """A new value that is neither an original id nor one already handed out."""
@@ -468,23 +478,27 @@ class _Renamer:
 
     def _chars(self, text: str) -> str:
         """Same letter/digit pattern, fresh characters."""
-        choice = self.rng.choice
+        n = len(text)
+        digits, letters = self.rng.choices(_DIGITS, k=n), self.rng.choices(_UPPER, k=n)
         return "".join(
-            choice(_DIGITS)
+            digits[i]
             if c.isdigit()
-            else choice(_UPPER)
+            else letters[i]
             if c.isupper()
-            else choice(_LOWER)
+            else letters[i].lower()
             if c.islower()
             else c
-            for c in text
+            for i, c in enumerate(text)
         )
 
     def _digits(self, digits: str) -> str:
+        """Same number of digits; no leading zero unless the original had one."""
         if not digits:
             return digits
-        head = self.rng.choice("123456789") if digits[0] != "0" else "0"
-        return head + "".join(self.rng.choice(_DIGITS) for _ in digits[1:])
+        head = str(self.rng.randint(1, 9)) if digits[0] != "0" else "0"
+        if len(digits) == 1:
+            return head
+        return head + str(self.rng.randrange(10 ** (len(digits) - 1))).zfill(len(digits) - 1)
 
     def _ident(self, value: str) -> str:
         user = _USER_ID_RE.fullmatch(value)
@@ -535,13 +549,13 @@ class _Renamer:
         return value
 
 
-def _render(value: Any, ren: Callable[[_Ent], str]) -> Any:
+def _render(value: Any, values: list[str]) -> Any:
     if value.__class__ is _Tpl:
-        return "".join([p if p.__class__ is str else ren(p) for p in value.parts])  # type: ignore[arg-type]
+        return value.fmt.format(*values)
     if isinstance(value, dict):
-        return {k: _render(v, ren) for k, v in value.items()}
+        return {k: _render(v, values) for k, v in value.items()}
     if isinstance(value, list):
-        return [_render(v, ren) for v in value]
+        return [_render(v, values) for v in value]
     return value
 
 
@@ -587,7 +601,8 @@ def amplify(reference: dict[str, Any] | Reference, rng: random.Random) -> dict[s
     """
     ref = reference if isinstance(reference, Reference) else compile_reference(reference)
     ren = _Renamer(ref, rng)
-    messages = [{k: _render(v, ren) for k, v in m.items()} for m in ref.messages]
+    values = [ren(e) for e in ref.entities]
+    messages = [{k: _render(v, values) for k, v in m.items()} for m in ref.messages]
     for m in messages:
         if m["role"] == "user":
             m["content"] = vary_opening(m["content"], rng)
