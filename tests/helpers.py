@@ -23,8 +23,8 @@ def recipe(name: str, out: Path, *overrides: str) -> RecipeConfig:
 def dev_overrides(*urls: str, target: int, **extra: Any) -> list[str]:
     """Point the airline recipe at local devservers with fast retries."""
     items = [
-        f"llm.model=factory-dev",
-        f"prefilter.model=factory-dev",
+        "llm.model=factory-dev",
+        "prefilter.model=factory-dev",
         f"amplify.target={target}",
         "llm.retry.base_delay_s=0.05",
         "llm.retry.max_delay_s=0.5",
