@@ -157,6 +157,15 @@ def test_bad_requests_get_openai_style_400(server: DevServer, body: Any, param: 
     assert error["error"]["type"] == "invalid_request_error"
 
 
+def test_a_body_that_is_not_json_is_a_400(server: DevServer) -> None:
+    req = urllib.request.Request(server.url + "/chat/completions", data=b"{nope", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    with info.value as exc:
+        assert exc.code == 400
+        assert json.loads(exc.read())["error"]["type"] == "invalid_request_error"
+
+
 def test_sdk_raises_bad_request_for_empty_messages(server: DevServer) -> None:
     with pytest.raises(openai.BadRequestError):
         chat(server, [])

@@ -408,8 +408,12 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     try:
         payload = json.loads(body)
     except ValueError:
-        return _error(400, "The request body is not valid JSON.", "invalid_request_error")
-    problem = _validate(payload, state)
+        payload = None
+    problem = (
+        _validate(payload, state)
+        if payload is not None
+        else _error(400, "The request body is not valid JSON.", "invalid_request_error")
+    )
     if problem is not None:
         state.by_status[str(problem.status)] += 1
         return problem
@@ -417,7 +421,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     attempt = state.next_attempt(digest)
     drng = random.Random(_seed_int(state.config.seed, digest, f"attempt:{attempt}"))
     defect = state.draw_defect(drng)
-    kind, status, applied = simulate.prompt_kind(payload["messages"]), _CLIENT_GONE, defect
+    kind, status = simulate.prompt_kind(payload["messages"]), _CLIENT_GONE
+    applied = defect if defect in TRANSPORT_DEFECTS else None  # content defects once applied
     state.by_kind[kind] += 1
     state.open += 1
     state.transports.add(transport)

@@ -200,9 +200,6 @@ class Reference:
     month_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     ids: frozenset[str] = frozenset()
 
-    def tool_names(self) -> set[str]:
-        return {c["name"] for m in self.messages for c in m.get("tool_calls", ())}
-
 
 @dataclass
 class _Found:
