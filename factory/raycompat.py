@@ -52,13 +52,14 @@ def map_stage(
 ) -> ray.data.Dataset:
     """Append one stage as an actor-pool operator. ``build(*args)`` runs inside each actor."""
     udf = AsyncStageUDF if is_async else StageUDF
-    # min 1: small inputs (a seed file is one block) need no second actor.
-    strategy_kw: dict[str, Any] = {"min_size": 1, "max_size": actors or ray_cfg.actors}
+    size = actors or ray_cfg.actors
+    # LLM stages keep a fixed pool (their concurrency budget is split across it); CPU
+    # stages may stay at one actor for small inputs (a seed file is one block).
+    strategy_kw: dict[str, Any] = {"size": size} if is_async else {"min_size": 1, "max_size": size}
     if max_concurrent_batches:
+        # Async stages: several batches of one actor await their requests together.
         strategy_kw["max_tasks_in_flight_per_actor"] = max_concurrent_batches
-    remote_kw: dict[str, Any] = {}
-    if is_async and max_concurrent_batches:
-        remote_kw["max_concurrency"] = max_concurrent_batches
+        strategy_kw["max_concurrent_calls_per_actor"] = max_concurrent_batches
     return ds.map_batches(
         udf,
         fn_constructor_args=(build, *args),
@@ -66,5 +67,4 @@ def map_stage(
         batch_size=batch_size or ray_cfg.batch_size,
         compute=ray.data.ActorPoolStrategy(**strategy_kw),
         num_cpus=ray_cfg.num_cpus,
-        **remote_kw,
     )

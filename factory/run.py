@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from factory.config import load_recipe, resolve_recipe_path
 from factory.errors import EXIT_INTERNAL, FactoryError
@@ -43,6 +44,14 @@ def _parser() -> argparse.ArgumentParser:
         help="read and check seeds, print the plan (calls, tokens, cost); call nothing",
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument(
+        "--devserver",
+        nargs="?",
+        const="",
+        metavar="DEFECTS",
+        help="run offline: start the development LLM server on 127.0.0.1 and send every "
+        "LLM call there (optional defects, e.g. malformed_json=0.05,rate_limit=0.1)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -51,8 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()
+    server = None
     try:
-        cfg = load_recipe(resolve_recipe_path(args.recipe), args.overrides)
+        overrides = list(args.overrides)
+        if args.devserver is not None and not args.dry_run:
+            server = _start_devserver(args.devserver)
+            overrides += devserver_overrides(server.url)
+        cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
         if args.dry_run:
             from factory.plan import make_plan
 
@@ -80,6 +94,26 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def devserver_overrides(url: str) -> list[str]:
+    """Recipe overrides that send every LLM call of a recipe to a development server."""
+    return [
+        f'llm.endpoints=[{{"base_url": "{url}"}}]',
+        "llm.model=factory-dev",
+        "prefilter.model=factory-dev",
+    ]
+
+
+def _start_devserver(defects: str) -> Any:
+    from factory.devserver import DevServer, DevServerConfig, parse_defects
+
+    server = DevServer(DevServerConfig(defects=parse_defects(defects) if defects else {})).start()
+    print(f"factory devserver on {server.url}", file=sys.stderr)
+    return server
 
 
 if __name__ == "__main__":
