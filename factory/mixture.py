@@ -385,22 +385,28 @@ def _candidate(
 
 
 def _coverage_order(cands: list[_Candidate]) -> list[_Candidate]:
-    """Round-robin over coverage keys; ``cands`` must be in seeded order."""
-    task_rank: dict[int, int] = {}
-    user_rank: dict[int, int] = {}
+    """Round-robin over coverage keys; ``cands`` must be in seeded order.
+
+    Each candidate gets a rank per key: how many earlier candidates (in seeded
+    order) share its task / user. Inside a coverage unit, members are ranked by
+    (task rank, user rank, seeded position) and their index there is their
+    *depth*; sorting everything by (depth, task rank, user rank, position) takes
+    one per unit, preferring unseen tasks and users, then a second, and so on.
+    """
     tasks: Counter[str] = Counter()
     users: Counter[str] = Counter()
+    task_rank: list[int] = []
+    user_rank: list[int] = []
+    by_cover: dict[tuple[str, str], list[int]] = defaultdict(list)
     for n, c in enumerate(cands):
-        task_rank[n] = tasks[c.task] if c.task is not None else 0
-        user_rank[n] = users[c.user] if c.user is not None else 0
+        task_rank.append(tasks[c.task] if c.task is not None else 0)
+        user_rank.append(users[c.user] if c.user is not None else 0)
         if c.task is not None:
             tasks[c.task] += 1
         if c.user is not None:
             users[c.user] += 1
-    by_cover: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for n, c in enumerate(cands):
         by_cover[c.cover].append(n)
-    depth: dict[int, int] = {}
+    depth = [0] * len(cands)
     for members in by_cover.values():
         members.sort(key=lambda n: (task_rank[n], user_rank[n], n))
         for d, n in enumerate(members):
