@@ -3,23 +3,37 @@
 A seed trajectory flows: ``readers`` (bytes -> raw records) -> ``formats``
 (raw record -> canonical ``Trajectory``, with ``repair``) -> ``validate``
 (reason-coded issues) -> ``export`` (LLaMA-Factory views) -> ``writer``
-(Parquet shards, rejects, manifest). ``run`` is the CLI over all of it.
+(Parquet shards, rejects, manifest). ``run`` is the CLI over all of it;
+``runner.run`` the library call behind it. Importing ``factory`` does not
+import Ray, aiohttp or the OpenAI SDK.
 """
 
 from __future__ import annotations
 
+from factory.config import RecipeConfig, load_recipe
+from factory.delta import apply, diff
 from factory.errors import (
     BudgetExceeded,
     ConfigError,
     FactoryError,
+    LLMBadRequest,
     LLMError,
+    LLMRateLimited,
+    LLMServerError,
+    LLMTimeout,
     RepairError,
     SeedError,
     SeedFormatError,
     ValidationError,
 )
+from factory.export import check_structure, normalize, to_sharegpt
+from factory.formats import parse_record
+from factory.readers import RawRecord, SeedReject, iter_records, read_seeds
 from factory.reasons import REASONS, Issue
+from factory.repair import parse_arguments, parse_json_value, parse_observation
+from factory.rules import DomainRules
 from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.validate import validate, validate_calls
 
 __version__ = "0.1.0"
 
@@ -27,15 +41,37 @@ __all__ = [
     "REASONS",
     "BudgetExceeded",
     "ConfigError",
+    "DomainRules",
     "FactoryError",
     "Issue",
+    "LLMBadRequest",
     "LLMError",
+    "LLMRateLimited",
+    "LLMServerError",
+    "LLMTimeout",
+    "RawRecord",
+    "RecipeConfig",
     "RepairError",
     "SeedError",
     "SeedFormatError",
+    "SeedReject",
     "ToolCall",
     "Trajectory",
     "Turn",
     "ValidationError",
     "__version__",
+    "apply",
+    "check_structure",
+    "diff",
+    "iter_records",
+    "load_recipe",
+    "normalize",
+    "parse_arguments",
+    "parse_json_value",
+    "parse_observation",
+    "parse_record",
+    "read_seeds",
+    "to_sharegpt",
+    "validate",
+    "validate_calls",
 ]

@@ -31,7 +31,7 @@ from factory.stages.base import FAILED, OK, REJECTED
 from factory.trajectory import Trajectory
 from factory.writer import Manifest, RejectWriter
 
-__all__ = ["plan_round", "run_amplify"]
+__all__ = ["plan_round", "preflight", "run_amplify"]
 
 DEVSERVER_FINGERPRINT = "factory-devserver"
 
@@ -64,6 +64,24 @@ def plan_round(
             per_call = used / issued
             n = min(n, max(1, math.floor((cap - used) / per_call)))
     return n, None
+
+
+def preflight(cfg: RecipeConfig) -> None:
+    """Build on the driver what every actor will build, so a recipe error (missing key,
+    bad sampling option, broken template) stops the run with its key path before any
+    Ray work, instead of surfacing as a dead actor."""
+    from factory.domain import load_domain
+    from factory.stages.llm_stage import build_client
+
+    assert cfg.llm is not None and cfg.amplify is not None
+    domain = load_domain(cfg)
+    PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain, key_path="amplify.prompt")
+    models = {cfg.llm.model}
+    if cfg.prefilter.enabled:
+        PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
+        models.add(cfg.prefilter.model or cfg.llm.model)
+    for model in sorted(models):
+        build_client(cfg, model)  # resolves keys and sampling; opens no connection
 
 
 def _collect_seeds(
@@ -147,6 +165,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
 
     assert cfg.amplify is not None and cfg.llm is not None
     started = time.time()
+    preflight(cfg)
     init_ray()
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
