@@ -39,10 +39,12 @@ Selection rules (all of :func:`select`):
 * **Decontamination**: rows whose ``task_id`` / ``user_id`` is listed are
   dropped and counted (ids compared as strings, so task ``5`` matches ``"5"``).
 
-Memory: :func:`select` reads each row once and keeps only ``(id, labels)`` of
-rows that match some quota, O(matching rows x label size), never a payload.
-The chosen rows are then pulled in a second streaming pass with
-:meth:`Selection.rows`.
+Memory: :func:`select` reads each row once and keeps, for rows that match some
+quota, only the id, a hash, a quota bitmask and the :data:`KEPT_LABELS` values
+(interned: rows share them): O(matching rows), about 0.5 KB each, never a
+payload or the caller's label dicts. Rows matching no quota, excluded and
+invalid rows are only counted (invalid ones with their reason). The chosen
+payloads are then pulled in a second streaming pass with :meth:`Selection.rows`.
 """
 
 from __future__ import annotations
@@ -60,7 +62,15 @@ from factory.errors import ConfigError, short
 from factory.labels import GROUPS, STEP_OUTCOMES, TRAJECTORY_OUTCOMES
 from factory.trajectory import canonical_json
 
-__all__ = ["IntSet", "Mixture", "Quota", "Selection", "id_and_labels", "select"]
+__all__ = [
+    "KEPT_LABELS",
+    "IntSet",
+    "Mixture",
+    "Quota",
+    "Selection",
+    "id_and_labels",
+    "select",
+]
 
 OUTCOMES: tuple[str, ...] = STEP_OUTCOMES + TRAJECTORY_OUTCOMES
 _MIXTURE_KEYS = ("name", "description", "quotas")
@@ -82,6 +92,18 @@ _INT_SELECTORS = {
     "arg_cardinality": "arg_cardinality",
 }
 _ID_KEYS = ("env_id", "task_id", "user_id")
+#: Label keys a selection keeps per candidate and returns in ``Selection.selected``.
+KEPT_LABELS: tuple[str, ...] = (
+    "kind",
+    "outcome",
+    "group",
+    "delta_size",
+    "write_calls",
+    "arg_cardinality",
+    "task_id",
+    "user_id",
+    "env_id",
+)
 
 
 def _is_count(value: Any) -> TypeGuard[int]:
@@ -357,22 +379,41 @@ def _labels_problem(labels: Any) -> str | None:
     return None
 
 
+_ABSENT: Any = type("_Absent", (), {"__repr__": lambda self: "<absent>"})()
+
+
+def _project(labels: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(labels.get(k, _ABSENT) for k in KEPT_LABELS)
+
+
+def _unproject(values: tuple[Any, ...]) -> dict[str, Any]:
+    return {k: v for k, v in zip(KEPT_LABELS, values, strict=True) if v is not _ABSENT}
+
+
 @dataclass(slots=True, eq=False)
 class _Candidate:
+    """What selection keeps of a row: id, seeded hash, quota bitmask, kept labels."""
+
     id: str
     h: int
-    labels: Mapping[str, Any]
-    quotas: frozenset[int]
+    mask: int  # bit i set: the row matches quota i
+    values: tuple[Any, ...]  # KEPT_LABELS values, interned (many rows share them)
     cover: tuple[str, str]
     task: str | None
     user: str | None
 
 
 def _candidate(
-    sample_id: str, labels: Mapping[str, Any], seed: int, quotas: frozenset[int]
+    sample_id: str, labels: Mapping[str, Any], seed: int, mask: int, interned: dict[Any, Any]
 ) -> _Candidate:
-    env, task, user = (_id_str(labels.get(k)) for k in _ID_KEYS)
-    cover = (
+    def intern(value: Any) -> Any:
+        return interned.setdefault(value, value)
+
+    values = intern(tuple(intern(v) if isinstance(v, str) else v for v in _project(labels)))
+    env, task, user = (
+        None if (v := _id_str(labels.get(k))) is None else intern(v) for k in _ID_KEYS
+    )
+    cover = intern(
         ("env", env)
         if env is not None
         else ("task", task)
@@ -381,7 +422,7 @@ def _candidate(
         if user is not None
         else ("id", sample_id)
     )
-    return _Candidate(sample_id, _seeded_hash(seed, sample_id), labels, quotas, cover, task, user)
+    return _Candidate(sample_id, _seeded_hash(seed, sample_id), mask, values, cover, task, user)
 
 
 def _coverage_order(cands: list[_Candidate]) -> list[_Candidate]:
@@ -420,8 +461,11 @@ class Selection:
     """What :func:`select` chose and why the rest was not.
 
     ``selected`` entries are ``{"id", "quota", "labels"}`` in quota order, then
-    pick order. ``available`` counts the rows that matched a quota and were not
-    taken by an earlier one, so ``counts[q] == min(wanted[q], available[q])``.
+    pick order; ``labels`` holds the :data:`KEPT_LABELS` keys the row had.
+    ``available`` counts the rows that matched a quota and were not taken by an
+    earlier one, so ``counts[q] == min(wanted[q], available[q])``. ``duplicates``
+    counts rows whose id was already a candidate (one version is kept: the
+    smaller canonical labels, so arrival order does not matter).
     """
 
     mixture: str
@@ -462,7 +506,12 @@ class Selection:
                 sample_id, labels = key(sample)
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
-            if sample_id in chosen and sample_id not in emitted and labels == chosen[sample_id]:
+            if (
+                sample_id in chosen
+                and sample_id not in emitted
+                and isinstance(labels, Mapping)
+                and _unproject(_project(labels)) == chosen[sample_id]
+            ):
                 emitted.add(sample_id)
                 yield sample
 
@@ -542,6 +591,7 @@ def select(
     ex_users = {str(u) for u in exclude_user_ids}
     out = Selection(mixture=mixture.name, seed=seed)
     pool: dict[str, _Candidate] = {}
+    interned: dict[Any, Any] = {}
     for n, sample in enumerate(samples):
         out.seen += 1
         try:
@@ -564,30 +614,36 @@ def select(
             out.excluded += 1
             out.excluded_by["user_id"] += 1
             continue
-        matches = frozenset(i for i, q in enumerate(mixture.quotas) if q.matches(labels))
-        if not matches:
+        mask = sum(1 << i for i, q in enumerate(mixture.quotas) if q.matches(labels))
+        if not mask:
             out.unmatched += 1
             continue
         previous = pool.get(sample_id)
         if previous is not None:
             out.duplicates += 1
             # Keep one version whatever the arrival order: the smaller canonical labels.
-            if canonical_json(dict(previous.labels)) <= canonical_json(dict(labels)):
+            kept = canonical_json(_unproject(previous.values))
+            if kept <= canonical_json(_unproject(_project(labels))):
                 continue
-        pool[sample_id] = _candidate(sample_id, labels, seed, matches)
+        pool[sample_id] = _candidate(sample_id, labels, seed, mask, interned)
+    interned.clear()
 
     ordered = sorted(pool.values(), key=lambda c: (c.h, c.id))
     taken: set[str] = set()
     for index, quota in enumerate(mixture.quotas):
-        cands = [c for c in ordered if index in c.quotas and c.id not in taken]
+        cands = [c for c in ordered if c.mask >> index & 1 and c.id not in taken]
         picks = _coverage_order(cands)[: quota.count]
         taken.update(c.id for c in picks)
-        out.selected.extend({"id": c.id, "quota": quota.name, "labels": c.labels} for c in picks)
+        out.selected.extend(
+            {"id": c.id, "quota": quota.name, "labels": _unproject(c.values)} for c in picks
+        )
         out.wanted[quota.name] = quota.count
         out.counts[quota.name] = len(picks)
         out.available[quota.name] = len(cands)
         out.distinct[quota.name] = {
-            k: len({_id_str(c.labels.get(k)) for c in picks} - {None}) for k in _ID_KEYS
+            "env_id": len({c.cover for c in picks if c.cover[0] == "env"}),
+            "task_id": len({c.task for c in picks} - {None}),
+            "user_id": len({c.user for c in picks} - {None}),
         }
         if len(picks) < quota.count:
             out.shortfall[quota.name] = quota.count - len(picks)

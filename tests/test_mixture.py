@@ -455,3 +455,14 @@ def test_selection_properties(
     shuffled = samples[:]
     order.shuffle(shuffled)
     assert select(shuffled, m, seed=seed).selected == result.selected
+
+
+def test_selection_keeps_only_the_known_label_keys() -> None:
+    sample = step("a", 1, env="e", task=2)
+    sample["labels"]["notes"] = "x" * 10_000
+    del sample["labels"]["kind"]
+    result = select([sample], mix({"name": "s", "count": 1, "group": "Simple"}), seed=0)
+    kept = result.selected[0]["labels"]
+    assert "notes" not in kept and "kind" not in kept
+    assert kept == {k: v for k, v in sample["labels"].items() if k != "notes"}
+    assert list(result.rows([sample])) == [sample]
