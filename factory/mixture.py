@@ -366,8 +366,9 @@ def _labels_problem(labels: Any) -> str | None:
     group = labels.get("group")
     if group is not None and group not in GROUPS:
         return f"unknown group {short(group, 40)}"
-    if labels.get("outcome") is not None and not isinstance(labels["outcome"], str):
-        return "outcome must be a string"
+    for label in ("kind", "outcome"):
+        if labels.get(label) is not None and not isinstance(labels[label], str):
+            return f"{label} must be a string"
     for label in _INT_SELECTORS.values():
         value = labels.get(label)
         if value is not None and not _is_count(value):

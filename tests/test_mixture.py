@@ -332,6 +332,7 @@ def test_bad_rows_are_recorded_not_raised() -> None:
         {"id": "bad-group", "labels": {"group": "Easy"}},
         {"id": "bad-delta", "labels": {"group": "Simple", "delta_size": "2"}},
         {"id": "bad-env", "labels": {"group": "Simple", "env_id": {"a": 1}}},
+        {"id": "bad-kind", "labels": {"group": "Simple", "kind": True}},
         "not even a dict",
     ]
     result = select(samples, mix({"name": "s", "count": 5, "group": "Simple"}), seed=0)
@@ -344,7 +345,8 @@ def test_bad_rows_are_recorded_not_raised() -> None:
         "bad-group",
         "bad-delta",
         "bad-env",
-        "<row 8>",
+        "bad-kind",
+        "<row 9>",
     }
     assert "delta_size" in result.invalid["bad-delta"]
     assert result.seen == len(samples)
