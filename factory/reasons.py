@@ -73,6 +73,7 @@ REASONS: dict[str, str] = {
     "internal_error": "an unexpected error in a stage (a bug: please report it)",
     # --- grounding against an executable world ---
     "contradicts_executor": "a simulated observation contradicts the executed one",
+    "bad_step_sample": "a record is not a step sample (field missing or mistyped, Δ inconsistent)",
 }
 
 
