@@ -14,6 +14,7 @@ def test_all_is_sorted_and_resolves() -> None:
 
 
 def test_importing_factory_stays_light() -> None:
-    code = "import sys, factory; print(' '.join(m for m in ('ray', 'aiohttp', 'openai') if m in sys.modules))"
+    code = "import sys, factory; print(' '.join(m for m in ('ray', 'aiohttp', 'openai')"
+    code += " if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
