@@ -56,18 +56,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
 from factory.errors import ConfigError, short
-from factory.llm.client import Completion
+
+if TYPE_CHECKING:  # the OpenAI SDK is imported only by code that calls an LLM
+    from factory.llm.client import Completion
 
 __all__ = [
     "CacheStats",
     "ResponseCache",
     "completion_from_record",
     "completion_to_record",
+    "decode_line",
+    "encode_line",
 ]
 
 Location = str | Path | tuple[pafs.FileSystem, str]
@@ -685,6 +689,8 @@ def completion_from_record(record: Mapping[str, Any]) -> Completion:
     Raises:
         ValueError: a required field is missing (a record from another format).
     """
+    from factory.llm.client import Completion
+
     names = {f.name for f in fields(Completion)}
     missing = sorted(names - set(record) - {"finish_reason"})
     if missing:
