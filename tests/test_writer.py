@@ -120,7 +120,7 @@ def test_collector_accounts_for_every_row(tmp_path: Path) -> None:
         "dedup": {"duplicate": 1},
         "postprocess": {"llm_timeout": 1, "wrong_type": 1},
     }
-    assert manifest["tokens"] == {"prompt_tokens": 80, "completion_tokens": 40}
+    assert manifest["tokens"] == {"prompt_tokens": 80, "completion_tokens": 40, "cached_tokens": 0}
     assert manifest["cost_usd"] == 4.0
     assert len(pl.read_parquet(tmp_path / "data" / "part-00000.parquet")) == 3
     assert len(pl.read_parquet(tmp_path / "surplus" / "part-00000.parquet")) == 2
