@@ -34,8 +34,8 @@ Durability (what a crash loses; lost requests are simply issued again):
   a crash loses the unflushed buffer, fewer than ``segment_entries`` entries
   and no older than ``segment_interval_s`` seconds (plus one flusher tick).
 
-Memory: the index holds id -> (segment, offset, length), ~200 bytes per entry
-(100k entries ~ 20 MB) whatever the record size; ``get`` reads the one line
+Memory: the index holds id -> (segment, offset, length), ~230 bytes per entry
+(100k entries ~ 23 MB) whatever the record size; ``get`` reads the one line
 (local ``pread``). On other filesystems whole segments are cached in an LRU
 bounded by ``segment_cache_bytes`` (default 64 MiB); the write buffer holds at
 most ``segment_entries`` lines.

@@ -65,8 +65,10 @@ def rid(i: int) -> str:
     return f"amplify-{i:032x}"
 
 
-# Each kind: (location for this test, extra kwargs, whether puts go to immutable segments).
-STORES = ["local", "file-uri", "subtree-local", "local-segments", "memory-segments", "memory-append"]
+# Every kind of store: local logs, local/memory segments, memory append streams.
+STORES = [
+    "local", "file-uri", "subtree-local", "local-segments", "memory-segments", "memory-append"
+]  # fmt: skip
 
 
 @pytest.fixture(params=STORES)
@@ -135,7 +137,11 @@ def test_kind_of_store_follows_the_filesystem(tmp_path: Path, opened) -> None:
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
@@ -152,9 +158,10 @@ def test_any_json_record_survives_the_line_format(key: str, value: dict[str, Any
     assert decode_line(line[: len(line) // 2], key) is None
 
 
-@pytest.mark.parametrize(
-    "bad", [{"x": float("nan")}, {"x": float("inf")}, {"x": object()}, ["not", "a", "dict"]], ids=str
-)
+NOT_JSON = [{"x": float("nan")}, {"x": float("inf")}, {"x": object()}, ["not", "a", "dict"]]
+
+
+@pytest.mark.parametrize("bad", NOT_JSON, ids=str)
 def test_put_rejects_what_is_not_a_json_object(tmp_path: Path, opened, bad: Any) -> None:
     cache = opened(tmp_path)
     with pytest.raises((TypeError, ValueError)):
