@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.2,
         help="share of JSON answers wrapped in a ```json fence",
     )
+    p.add_argument(
+        "--sim-drop-change",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of simulate answers that leave one state change out",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-log", metavar="PATH", help="append one JSON line per request")
     p.add_argument(
@@ -93,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         seed=args.seed,
         request_log=args.request_log,
         fail_after=args.fail_after,
+        sim_drop_change=args.sim_drop_change,
     )
 
 

@@ -61,6 +61,9 @@ class DevServerConfig:
     ``latency`` is ``fixed`` (``latency_ms``), ``uniform`` (mean ± spread) or
     ``lognormal`` (mean and standard deviation ``latency_spread_ms``).
     ``defects`` maps a name of ``DEFECTS`` to its rate; rates add up to at most 1.
+    ``sim_drop_change`` is the share of simulate answers (with at least one
+    change) that leave one change out; it is drawn per request body, like the
+    content, independently of ``defects``.
     """
 
     port: int = 0
@@ -77,6 +80,7 @@ class DevServerConfig:
     seed: int = 0
     request_log: str | None = None
     fail_after: int | None = None
+    sim_drop_change: float = 0.0
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -94,6 +98,8 @@ class DevServerConfig:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
+        if not 0.0 <= self.sim_drop_change <= 1.0:
+            raise ConfigError("must be within [0, 1]", key_path="devserver.sim_drop_change")
         if self.fail_after is not None and self.fail_after < 0:
             raise ConfigError("must be >= 0", key_path="devserver.fail_after")
         for name, rate in self.defects.items():
@@ -196,6 +202,7 @@ class _State:
             "prompt_tokens": self.counts["prompt_tokens"],
             "cached_tokens": self.counts["cached_tokens"],
             "completion_tokens": self.counts["completion_tokens"],
+            "sim_dropped_changes": self.counts["sim_dropped_changes"],
             "alive": not self.dead,
             "uptime_s": round(time.time() - self.started, 3),
         }
@@ -353,6 +360,17 @@ def _validate(payload: Any, state: _State) -> web.Response | None:
     return None
 
 
+def _simulation(text: str, state: _State, digest: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """The perfect simulator's answer, maybe with one change dropped; (answer, dropped)."""
+    read = simulate.read_simulation(text)
+    answer = simulate.simulate_call(*read) if read is not None else None
+    rate = state.config.sim_drop_change
+    if answer is None or not rate or not answer["config_changes"]:
+        return answer, False
+    rng = random.Random(_seed_int(state.config.seed, digest, "sim_drop"))
+    return answer, rng.random() < rate and simulate.drop_change(answer, rng)
+
+
 def _complete(
     payload: dict[str, Any],
     kind: str,
@@ -360,15 +378,30 @@ def _complete(
     digest: bytes,
     defect: str | None,
     drng: random.Random,
-) -> tuple[str, str | None, str]:
-    """Generate the answer; returns (content, applied defect, finish_reason)."""
+) -> tuple[str, str | None, str, bool]:
+    """Generate the answer; returns (content, applied defect, finish_reason, change dropped)."""
     messages = payload["messages"]
     crng = random.Random(_seed_int(state.config.seed, digest, "content"))
     fence = state.config.fence_rate
     applied = defect if defect in TRANSPORT_DEFECTS else None
+    dropped = False
     if kind == "other":
-        return simulate.answer_other(messages), applied, "stop"
+        return simulate.answer_other(messages), applied, "stop", dropped
     text = simulate.last_user_text(messages)
+    if kind == "simulate":
+        answer, dropped = _simulation(text, state, digest)
+        if answer is None:
+            return (
+                "I could not read the state or the tool call to simulate.",
+                applied,
+                "stop",
+                dropped,
+            )
+        content = simulate.render_json(answer, crng, fence)
+        if defect == "malformed_json":
+            content, finish = simulate.break_json(content, drng)
+            return content, defect, finish, dropped
+        return content, applied, "stop", dropped
     marker = simulate.AMPLIFY_MARKER if kind == "amplify" else simulate.JUDGE_MARKER
     block = simulate.extract_block(text, marker)
     ref = simulate.reference_from_block(block) if block is not None else None
@@ -379,6 +412,7 @@ def _complete(
             "I could not read the reference trajectory, so I cannot write a new one.",
             applied,
             "stop",
+            dropped,
         )
     else:
         trajectory = simulate.amplify(ref, crng)
@@ -389,8 +423,8 @@ def _complete(
         content = simulate.render_json(trajectory, crng, fence)
     if defect == "malformed_json":
         content, finish = simulate.break_json(content, drng)
-        return content, defect, finish
-    return content, applied, "stop"
+        return content, defect, finish, dropped
+    return content, applied, "stop", dropped
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -456,7 +490,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
-            content, applied, finish = _complete(payload, kind, state, digest, defect, drng)
+            content, applied, finish, dropped = _complete(
+                payload, kind, state, digest, defect, drng
+            )
             prompt_tokens, cached = state.prompt_usage(
                 payload["model"], payload["messages"], payload.get("tools")
             )
@@ -490,6 +526,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         state.counts["prompt_tokens"] += prompt_tokens
         state.counts["cached_tokens"] += cached
         state.counts["completion_tokens"] += completion_tokens
+        state.counts["sim_dropped_changes"] += int(dropped)
         status = 200
         return web.Response(text=text, content_type="application/json")
     finally:

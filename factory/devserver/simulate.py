@@ -13,6 +13,11 @@ self-consistent and valid against the same tool schemas.
 The expensive part (finding entities) is done once per reference by
 ``compile_reference``; a request only draws a mapping and fills the template,
 which keeps a 30-turn reference well under a millisecond.
+
+A simulate prompt (``factory.simulator``) is answered by a *perfect*
+simulator: the call is executed on the given state slice in the airline
+world and the answer is the real observation and the exact Δ, so a metric run
+against the devserver must score 100% unless a defect is switched on.
 """
 
 from __future__ import annotations
@@ -23,26 +28,36 @@ import json
 import random
 import re
 from collections.abc import Callable
+from copy import deepcopy
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from factory.delta import diff
+from factory.envs.base import get_environment
+from factory.errors import ConfigError
+from factory.simulator import SIM_MARKER, STATE_MARKER
 
 __all__ = [
     "AMPLIFY_MARKER",
     "CONTENT_DEFECTS",
     "JUDGE_MARKER",
+    "SIM_MARKER",
     "Reference",
     "amplify",
     "answer_other",
     "break_json",
     "compile_reference",
+    "drop_change",
     "extract_block",
     "inject_defect",
     "judge",
     "last_user_text",
     "prompt_kind",
+    "read_simulation",
     "reference_from_block",
     "render_json",
+    "simulate_call",
     "vary_opening",
 ]
 
@@ -137,13 +152,15 @@ def prompt_kind(messages: list[Any]) -> str:
     """Recognise the prompt by the markers of the shared prompt contract.
 
     Returns:
-        ``"amplify"``, ``"judge"`` or ``"other"``.
+        ``"amplify"``, ``"judge"``, ``"simulate"`` or ``"other"``.
     """
     text = last_user_text(messages)
     if AMPLIFY_MARKER in text:
         return "amplify"
     if JUDGE_MARKER in text:
         return "judge"
+    if SIM_MARKER in text:
+        return "simulate"
     return "other"
 
 
@@ -613,6 +630,60 @@ def render_json(value: Any, rng: random.Random, fence_rate: float) -> str:
     if fence_rate and rng.random() < fence_rate:
         return f"```json\n{text}\n```"
     return text
+
+
+# --------------------------------------------------------------------------------------
+# Simulation: execute the call instead of guessing
+# --------------------------------------------------------------------------------------
+def read_simulation(text: str) -> tuple[dict[str, Any], Any, Any] | None:
+    """``(state, tool name, arguments)`` from a simulate prompt, or None when unreadable.
+
+    The blocks are taken from the *last* call marker and the last state marker
+    before it, so a marker quoted inside the tool's description cannot shift them.
+    """
+    at = text.rfind(SIM_MARKER)
+    if at < 0:
+        return None
+    start = text.rfind(STATE_MARKER, 0, at)
+    call_block = extract_block(text[at:], SIM_MARKER)
+    state_block = extract_block(text[start:at], STATE_MARKER) if start >= 0 else None
+    if call_block is None or state_block is None:
+        return None
+    try:
+        state, call = json.loads(state_block), json.loads(call_block)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(state, dict) or not isinstance(call, dict) or "name" not in call:
+        return None
+    return state, call["name"], call.get("arguments", {})
+
+
+def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str, Any] | None:
+    """A perfect simulator's answer: execute the call on ``state`` in the airline world.
+
+    Returns:
+        ``{"feedback": observation, "config_changes": diff(state, new state)}``, or
+        None when ``state`` is not an airline state (a table missing).
+    """
+    try:
+        env = get_environment("airline", state=deepcopy(state))
+    except ConfigError:
+        return None
+    feedback = env.execute(name, arguments)
+    return {"feedback": feedback, "config_changes": diff(state, env.state)}
+
+
+def drop_change(answer: dict[str, Any], rng: random.Random) -> bool:
+    """Remove one op of ``answer["config_changes"]`` in place (a simulator that misses a change).
+
+    Returns:
+        False when there is no op to drop.
+    """
+    changes = answer["config_changes"]
+    if not changes:
+        return False
+    del changes[rng.randrange(len(changes))]
+    return True
 
 
 # --------------------------------------------------------------------------------------
