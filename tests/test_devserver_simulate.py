@@ -444,3 +444,126 @@ def test_answer_other_is_short_plain_text() -> None:
     assert len(answer) < 160
     with pytest.raises(ValueError):
         json.loads(answer)
+
+
+# --- simulate prompts: a perfect simulator ------------------------------------------------
+def _world_call(tool: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(slice before, observation, full state after) of one call on a small generated world."""
+    from factory.envs.airline import AirlineEnv
+    from factory.envs.airline.world import generate_world
+    from factory.slices import slice_for
+
+    env = AirlineEnv(generate_world(5, n_users=6, n_flights=12, n_reservations=8))
+    before = slice_for(env.state, tool, arguments)
+    return before, env.execute(tool, arguments), env.state
+
+
+def _sim_messages(state: Any, tool: str, arguments: Any, code: str | None = None) -> list[Any]:
+    from factory.simulator import simulation_messages
+
+    sample = {"tool": tool, "arguments": arguments, "state_before": state}
+    return simulation_messages(sample, {"name": tool, "parameters": {}}, code)
+
+
+def _first_reservation() -> str:
+    from factory.envs.airline.world import generate_world
+
+    world = generate_world(5, n_users=6, n_flights=12, n_reservations=8)
+    return next(iter(world["reservations"]))
+
+
+def test_simulate_prompts_are_recognised() -> None:
+    messages = _sim_messages({"users": {}, "flights": {}, "reservations": {}}, "think", {})
+    assert prompt_kind(messages) == "simulate"
+    assert simulate.SIM_MARKER == "### Tool call to simulate"
+
+
+@pytest.mark.parametrize("code", [None, "def cancel_reservation(data, reservation_id):\n    ..."])
+def test_simulate_call_executes_on_the_slice_like_the_full_world(code: str | None) -> None:
+    from factory.delta import apply
+    from factory.slices import project
+
+    args = {"reservation_id": _first_reservation()}
+    before, observation, full_after = _world_call("cancel_reservation", args)
+    untouched = copy.deepcopy(before)
+    text = simulate.last_user_text(_sim_messages(before, "cancel_reservation", args, code))
+    read = simulate.read_simulation(text)
+    assert read == (before, "cancel_reservation", args)
+    answer = simulate.simulate_call(*read)
+    assert answer is not None
+    assert answer["feedback"] == observation
+    assert {op["op"] for op in answer["config_changes"]} == {"add", "replace"}
+    after = apply(answer["config_changes"], before)
+    assert after == project(full_after, like=after)
+    assert before == untouched  # the prompt's state is not modified
+
+
+def _sim_text(state: str, call: str) -> str:
+    return f"### State\n```json\n{state}\n```\n\n{simulate.SIM_MARKER}\n```json\n{call}\n```"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no markers at all",
+        f"### State\n```json\n{{}}\n```\n\n{simulate.SIM_MARKER}\nno fence",
+        f'{simulate.SIM_MARKER}\n```json\n{{"name": "think"}}\n```',  # no state block
+        _sim_text("{not json", '{"name": "x"}'),
+        _sim_text("[]", '{"name": "x"}'),  # a state that is not an object
+        _sim_text("{}", '{"arguments": {}}'),  # a call without a name
+        _sim_text("{}", '["think", {}]'),
+    ],
+)
+def test_read_simulation_refuses_unreadable_prompts(text: str) -> None:
+    assert simulate.read_simulation(text) is None
+
+
+def test_simulate_call_needs_an_airline_state() -> None:
+    assert simulate.simulate_call({"users": {}}, "think", {}) is None
+    failed = simulate.simulate_call({"users": {}, "flights": {}, "reservations": {}}, "nope", {})
+    assert failed == {"feedback": "Error: unknown tool 'nope'", "config_changes": []}
+
+
+def test_drop_change_removes_one_op() -> None:
+    ops = [{"op": "add", "path": f"/{i}", "after": i} for i in range(3)]
+    answer = {"feedback": "", "config_changes": list(ops)}
+    assert simulate.drop_change(answer, random.Random(1)) is True
+    assert len(answer["config_changes"]) == 2 and all(o in ops for o in answer["config_changes"])
+    empty: dict[str, Any] = {"feedback": "", "config_changes": []}
+    assert simulate.drop_change(empty, random.Random(1)) is False
+
+
+def test_sim_drop_change_is_a_checked_rate_and_a_cli_flag() -> None:
+    from factory.devserver import DevServerConfig
+    from factory.devserver.__main__ import build_parser, config_from_args
+    from factory.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        DevServerConfig(sim_drop_change=1.5)
+    assert info.value.key_path == "devserver.sim_drop_change"
+    args = build_parser().parse_args(["--sim-drop-change", "0.25"])
+    assert config_from_args(args).sim_drop_change == 0.25
+    assert DevServerConfig().sim_drop_change == 0.0
+
+
+def test_sim_drop_change_is_deterministic_per_request() -> None:
+    from factory.devserver.app import DevServerConfig, _simulation, _State
+
+    args = {"reservation_id": _first_reservation()}
+    before, _, _ = _world_call("cancel_reservation", args)
+    text = simulate.last_user_text(_sim_messages(before, "cancel_reservation", args))
+    read = simulate.read_simulation(text)
+    assert read is not None
+    full = simulate.simulate_call(*read)
+    assert full is not None and len(full["config_changes"]) == 2
+
+    def answer(rate: float, digest: bytes, seed: int = 0) -> tuple[Any, bool]:
+        return _simulation(text, _State(DevServerConfig(sim_drop_change=rate, seed=seed)), digest)
+
+    assert answer(0.0, b"a") == (full, False)
+    dropped, flag = answer(1.0, b"a")
+    assert flag and len(dropped["config_changes"]) == 1
+    assert dropped["config_changes"][0] in full["config_changes"]
+    assert answer(1.0, b"a") == (dropped, True)  # same body, same answer
+    draws = [answer(0.5, bytes([i]))[1] for i in range(40)]
+    assert 5 < sum(draws) < 35
