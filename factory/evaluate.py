@@ -1,7 +1,7 @@
 """Score an environment simulator on step samples: Feedback Match and Config Match.
 
-    python -m factory.evaluate --samples PATH [--recipe RECIPE | --base-url URL --model M]
-        [--limit N] [--concurrency C] [--out DIR] [--with-code]
+    python -m factory.evaluate --samples PATH [--recipe RECIPE [--set K=V] | --base-url URL
+        --model M] [--limit N] [--concurrency C] [--out DIR] [--with-code]
 
 Each step sample (JSONL or Parquet, see ``factory.steps``) becomes a simulate
 prompt (``factory.simulator``); the model's answer is scored with Feedback
@@ -371,12 +371,14 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
         from factory.domain import load_domain
         from factory.stages.llm_stage import build_client
 
-        cfg = load_recipe(resolve_recipe_path(args.recipe))
+        cfg = load_recipe(resolve_recipe_path(args.recipe), list(args.overrides))
         if cfg.llm is None:
             raise ConfigError("the recipe has no llm section", key_path="llm")
         model = args.model or cfg.llm.model
         tools = _load_tools(Path(args.tools)) if args.tools else load_domain(cfg).tools
         return build_client(cfg, model), tools
+    if args.overrides:
+        raise ConfigError("--set needs --recipe", key_path="--set")
     if not args.base_url or not args.model:
         raise ConfigError("give --recipe, or --base-url and --model", key_path="--base-url")
     pool = EndpointPool([Endpoint(base_url=args.base_url, api_key_env=args.api_key_env)])
@@ -433,11 +435,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--samples", required=True, help="JSONL or Parquet file/folder/glob")
     p.add_argument("--recipe", help="recipe whose llm section (and domain tools) to use")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a recipe value (YAML-parsed); repeatable",
+    )
     p.add_argument("--base-url", help="OpenAI-compatible URL ending in /v1 (instead of --recipe)")
     p.add_argument("--model", help="model id (default with --recipe: llm.model)")
     p.add_argument("--api-key-env", help="environment variable holding the key of --base-url")
     p.add_argument("--tools", help=f"tool specs JSON (default: the recipe's, or {DEFAULT_TOOLS})")
-    p.add_argument("--limit", type=int, help="score at most N samples")
+    p.add_argument("--limit", type=int, help="use at most N records (unreadable lines aside)")
     p.add_argument("--concurrency", type=int, default=8, help="predictions in flight")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request attempt")
     p.add_argument("--max-attempts", type=int, default=4, help="attempts per request")

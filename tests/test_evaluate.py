@@ -32,6 +32,8 @@ from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
 from factory.simulator import render_prediction
 from factory.slices import slice_for
 
+from .conftest import ROOT
+
 ENV_ID = "airline-gen-3"
 
 
@@ -442,6 +444,24 @@ def test_cli_end_to_end(
     assert "overall" in stdout and "100.0%" in stdout
 
 
+def test_cli_with_a_recipe(devserver: Any, samples: list[dict[str, Any]], tmp_path: Path) -> None:
+    server = devserver(sim_drop_change=1.0)
+    path = _write_jsonl(tmp_path / "steps.jsonl", samples)
+    out = tmp_path / "out"
+    argv = [
+        "--samples", str(path), "--recipe", str(ROOT / "pipelines" / "airline.yaml"),
+        "--set", f'llm.endpoints=[{{"base_url": "{server.url}"}}]',
+        "--set", "llm.model=factory-dev", "--set", "llm.retry.base_delay_s=0.01",
+        "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    body = json.loads((out / "evaluation.json").read_text())
+    assert body["model"] == "factory-dev"
+    changed = sum(1 for s in samples if s["delta"])
+    assert body["overall"]["config_match"] == len(samples) - changed
+    assert body["overall"]["feedback_match"] == len(samples)
+
+
 def test_cli_lists_bad_lines_and_honours_limit(
     devserver: Any, samples: list[dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -478,6 +498,7 @@ def test_cli_exit_codes(devserver: Any, tmp_path: Path, capsys: pytest.CaptureFi
     path = _write_jsonl(tmp_path / "steps.jsonl", [{"id": "x"}])
     assert main(["--samples", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "--base-url" in capsys.readouterr().err
+    assert main(["--samples", str(path), "--set", "llm.model=x", "--base-url", "http://h/v1"]) == 2
     server = devserver()
     rest = ["--base-url", server.url, "--model", "m", "--out", str(tmp_path / "o")]
     assert main(["--samples", str(path), *rest]) == 3  # nothing to score
