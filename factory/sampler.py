@@ -852,6 +852,20 @@ def _changed_size(before: State, after: State) -> int:
     return len(diff(old, new))
 
 
+def _scenario_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+    if weights is None:
+        return SCENARIOS
+    unknown = sorted(set(weights) - set(SCENARIOS))
+    if unknown:
+        raise ConfigError(
+            f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+            key_path="scenarios",
+        )
+    if any(not w >= 0 for w in weights.values()) or not sum(weights.values()) > 0:
+        raise ConfigError("scenario weights must be >= 0 and not all 0", key_path="scenarios")
+    return {k: float(w) for k, w in weights.items() if w > 0}
+
+
 def _check_share(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name} must be between 0 and 1, got {value!r}", key_path=name)
@@ -867,6 +881,7 @@ def sample_episode(
     task_id: str | None = None,
     tools: list[dict[str, Any]] | None = None,
     system: str = DEFAULT_SYSTEM,
+    scenarios: Mapping[str, float] | None = None,
 ) -> Trajectory:
     """Walk ``env`` through one episode and return it as a canonical trajectory.
 
@@ -880,6 +895,8 @@ def sample_episode(
         task_id: provenance id of the episode.
         tools: tool specs of the trajectory (default :func:`default_tools`).
         system: the system prompt.
+        scenarios: scenario weights replacing :data:`SCENARIOS` (e.g. ``pileup: 0``
+            for policy-compliant episodes only).
 
     Returns:
         The trajectory. Metadata: ``env_id``, ``task_id``, ``user_id``, ``labels``
@@ -887,13 +904,14 @@ def sample_episode(
         played, mistakes, violations), ``source``, ``format``, ``id``.
 
     Raises:
-        ConfigError: a share is outside [0, 1].
+        ConfigError: a share is outside [0, 1], or bad scenario weights.
     """
     _check_share("invalid_share", invalid_share)
     _check_share("violation_share", violation_share)
+    weights = _scenario_weights(scenarios)
     start = env.copy()
-    weights = list(SCENARIOS.values())
-    scenario, user_id = _cast(env.state, rng, rng.choices(list(SCENARIOS), weights=weights)[0])
+    drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
+    scenario, user_id = _cast(env.state, rng, drawn)
     ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
     played = [scenario]
     while True:
@@ -936,11 +954,15 @@ _WORLD_KEYS = frozenset(inspect.signature(generate_world).parameters) - {"seed"}
 class EpisodeSampler:
     """A generated world, built once, and episodes sampled on forks of it.
 
+    Arguments are those of :func:`sample_episode`, plus the world's
+    ``generate_world`` seed and sizes.
+
     Episode ``index`` of run ``seed`` depends on nothing else, so a run split
     into index ranges across workers gives the same episodes.
 
     Raises:
-        ConfigError: an unknown ``world_sizes`` key or a share outside [0, 1].
+        ConfigError: an unknown ``world_sizes`` key, a share outside [0, 1] or bad
+            scenario weights.
     """
 
     def __init__(
@@ -952,6 +974,7 @@ class EpisodeSampler:
         violation_share: float = 0.05,
         tools: list[dict[str, Any]] | None = None,
         system: str = DEFAULT_SYSTEM,
+        scenarios: Mapping[str, float] | None = None,
     ):
         unknown = sorted(set(world_sizes or {}) - _WORLD_KEYS)
         if unknown:
@@ -962,6 +985,7 @@ class EpisodeSampler:
             )
         _check_share("invalid_share", invalid_share)
         _check_share("violation_share", violation_share)
+        self.scenarios = _scenario_weights(scenarios)
         self.world = AirlineEnv.create(seed=world_seed, **dict(world_sizes or {}))
         self.env_id = world_env_id(world_seed, world_sizes)
         self.invalid_share, self.violation_share = invalid_share, violation_share
@@ -983,6 +1007,7 @@ class EpisodeSampler:
             task_id=f"{self.env_id}/{seed}/{index}",
             tools=self.tools,
             system=self.system,
+            scenarios=self.scenarios,
         )
 
     def episodes(self, n: int, *, seed: int, start: int = 0) -> Iterator[Trajectory]:
