@@ -246,12 +246,12 @@ def _wrong_calls(ep: _Episode, name: str, args: Args, cost: float) -> dict[str, 
     if "payment_id" in args and ep.profile is not None:
         methods = ep.profile["payment_methods"]
         out["unknown_payment"] = {**args, "payment_id": _unknown_payment(ep)}
-        for pid in _methods(ep.profile, "certificate")[:1]:
-            out["certificate_payment"] = {**args, "payment_id": pid}
-        for pid in [p for p in _methods(ep.profile, "gift_card") if methods[p]["amount"] < cost][
-            :1
-        ]:
-            out["insufficient_gift_card"] = {**args, "payment_id": pid}
+        certificates = _methods(ep.profile, "certificate")
+        poor = [p for p in _methods(ep.profile, "gift_card") if methods[p]["amount"] < cost]
+        if certificates:
+            out["certificate_payment"] = {**args, "payment_id": certificates[0]}
+        if poor:
+            out["insufficient_gift_card"] = {**args, "payment_id": poor[0]}
     return out
 
 

@@ -255,6 +255,9 @@ def _execute_step(
 def check_step(sample: StepSample, *, domain: str = "airline") -> None:
     """Check every guarantee of a sample (see the module docstring).
 
+    The call is re-run on a world that validates arguments (the ``AirlineEnv``
+    default); a sample recorded without validation may differ on malformed calls.
+
     Args:
         sample: the sample; not modified.
         domain: the domain whose tools and slices the sample uses.
