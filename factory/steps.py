@@ -52,7 +52,7 @@ __all__ = [
 class StepError(FactoryError):
     """A step sample contradicts itself or the world it claims to come from."""
 
-    reason = "inconsistent_step"
+    reason = "bad_step_sample"  # the registered code of unusable step samples
 
 
 # --- per-domain slicing ---------------------------------------------------------------------

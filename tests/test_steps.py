@@ -139,6 +139,12 @@ def test_round_trip_through_json(world: AirlineEnv) -> None:
         check_step(again)
 
 
+def test_step_errors_carry_a_registered_reason() -> None:
+    from factory.reasons import REASONS
+
+    assert StepError("x").reason in REASONS
+
+
 def test_from_dict_names_missing_fields() -> None:
     with pytest.raises(StepError, match="lacks field"):
         StepSample.from_dict({"id": "x"})
