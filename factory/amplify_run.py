@@ -20,8 +20,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from factory.collect import Collector
 from factory.config import RecipeConfig, config_hash
 from factory.errors import SeedError
@@ -45,9 +43,11 @@ def plan_round(
     remaining = amp.target - accepted
     if remaining <= 0:
         return 0, None
-    # First round: one call per missing row (no surplus when nothing fails); later
-    # rounds scale what is missing by the yield observed so far.
-    n = math.ceil(remaining / max(accepted / issued, 0.05)) if issued else remaining
+    # First round: one call per missing row (no surplus when nothing fails). Later
+    # rounds scale what is missing by the observed yield, plus a 5% margin so the
+    # target is usually met in one more round (each round restarts the actor pools).
+    observed = accepted / issued if issued else 1.0
+    n = remaining if observed >= 1.0 else math.ceil(remaining / max(observed, 0.05) * 1.05) + 2
     if amp.max_calls is not None:
         n = min(n, amp.max_calls - issued)
         if n <= 0:
@@ -64,6 +64,25 @@ def plan_round(
             per_call = used / issued
             n = min(n, max(1, math.floor((cap - used) / per_call)))
     return n, None
+
+
+def llm_batch_size(cfg: RecipeConfig) -> int:
+    """Rows per batch of an LLM stage: at least the actor's request concurrency.
+
+    Ray Data awaits a few batches of a task at once and a new batch starts only when
+    one has finished; with more rows awaiting than the actor's semaphore admits, a
+    slot freed by a finished request is taken at once by a waiting row, so the
+    server stays saturated instead of idling while a batch waits for its slowest row.
+    """
+    from factory.stages.llm_stage import per_actor_concurrency
+
+    return max(cfg.ray.batch_size, per_actor_concurrency(cfg))
+
+
+def rows_per_llm_block(cfg: RecipeConfig) -> int:
+    """Rows per block (one task) of an LLM stage: four batches, since every task costs
+    a fixed overhead, yet small enough to spread over the actors and stream."""
+    return 4 * llm_batch_size(cfg)
 
 
 def preflight(cfg: RecipeConfig) -> None:
@@ -97,6 +116,7 @@ def _collect_seeds(
 
     ds = checked_seed_dataset(cfg)
     if cfg.prefilter.enabled:
+        ds = ds.repartition(target_num_rows_per_block=rows_per_llm_block(cfg))
         ds = map_stage(
             ds, build_prefilter, cfg, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
         )
@@ -137,24 +157,28 @@ def _collect_seeds(
 
 
 def _call_dataset(cfg: RecipeConfig, kept: dict[str, str], start: int, n: int) -> Any:
+    """Calls ``start .. start+n-1``: a range read straight into one actor pool that
+    amplifies and post-processes (no per-block task operator in between)."""
     import ray.data
 
     from factory.raycompat import map_stage
     from factory.stages.amplify import build_amplify
-    from factory.stages.base import make_row, rows_to_table
     from factory.stages.postprocess import build_postprocess
 
-    def to_work_items(batch: pa.Table) -> pa.Table:
-        ids = batch.column("id").to_pylist()
-        return rows_to_table([make_row(call_index=start + int(i)) for i in ids])
-
-    blocks = max(1, min(n // cfg.ray.batch_size, 200))
-    ds = ray.data.range(n, override_num_blocks=blocks)
-    ds = ds.map_batches(to_work_items, batch_format="pyarrow", num_cpus=0.1)
-    ds = map_stage(
-        ds, build_amplify, cfg, kept, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
+    rows_per_block = rows_per_llm_block(cfg)
+    ds = ray.data.range(n, override_num_blocks=max(1, math.ceil(n / rows_per_block)))
+    return map_stage(
+        ds,
+        build_amplify,
+        cfg,
+        kept,
+        start,
+        ray_cfg=cfg.ray,
+        is_async=True,
+        then=[(build_postprocess, (cfg,))],
+        batch_size=llm_batch_size(cfg),
+        max_concurrent_batches=4,
     )
-    return map_stage(ds, build_postprocess, cfg, ray_cfg=cfg.ray)
 
 
 def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
@@ -168,7 +192,9 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     preflight(cfg)
     init_ray()
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    phase_start = time.time()
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
+    timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
     target = cfg.amplify.target
     collector = Collector(
         out_dir,
@@ -193,6 +219,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             if n == 0:
                 break
             before = collector.accepted
+            round_start = time.time()
             for row in iter_rows(_call_dataset(cfg, kept, issued, n)):
                 if collector.add(row) == "accepted":
                     bar.update(1)
@@ -207,6 +234,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
                 )
             issued += n
             rounds += 1
+            timings["rounds"].append({"calls": n, "seconds": round(time.time() - round_start, 2)})
             if collector.accepted == before:
                 stalled = True
                 break
@@ -240,6 +268,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             else None,
         },
         generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
+        timings=timings,
         model=cfg.llm.model,
     )
     manifest_dict = manifest.to_dict(**totals)

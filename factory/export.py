@@ -86,7 +86,13 @@ def normalize_mapped(traj: Trajectory) -> tuple[Trajectory, list[int]]:
 
     Validation uses the map to report issues against the caller's turn indices.
     """
-    out = copy.deepcopy(traj)
+    # Only turns are rewritten: copy them, share the (large, read-only) tool specs.
+    out = Trajectory(
+        system=traj.system,
+        tools=traj.tools,
+        turns=copy.deepcopy(traj.turns),
+        metadata={**traj.metadata, "repairs": list(traj.metadata.get("repairs") or [])},
+    )
     turns: list[Turn] = []
     origin: list[int] = []
     repairs: list[str] = []
@@ -228,6 +234,8 @@ def export_tools(tools: Iterable[Any]) -> str:
     Raises:
         ValueError: a spec is not a function spec with a name.
     """
+    if tools is _last_tools[0]:  # a pipeline exports the same domain tool list every row
+        return _last_tools[1]
     specs = []
     for spec in tools:
         bare = normalize_tool_spec(spec)
@@ -238,7 +246,14 @@ def export_tools(tools: Iterable[Any]) -> str:
                 if not key.startswith("x-")
             }
         )
-    return json.dumps(specs, ensure_ascii=False)
+    exported = json.dumps(specs, ensure_ascii=False)
+    if isinstance(tools, list):
+        _last_tools[:] = [tools, exported]  # holds a reference, so the identity stays unique
+    return exported
+
+
+# One-entry identity memo for export_tools; tool lists are never mutated after loading.
+_last_tools: list[Any] = [None, ""]
 
 
 # Keywords whose value maps names to subschemas / is one subschema / is a list of subschemas.

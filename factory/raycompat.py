@@ -16,7 +16,7 @@ import ray
 import ray.data
 
 from factory.config import RayConfig
-from factory.stages.base import AsyncStageUDF, Stage, StageUDF
+from factory.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
 __all__ = ["init_ray", "map_stage"]
 
@@ -46,23 +46,24 @@ def map_stage(
     *args: Any,
     ray_cfg: RayConfig,
     is_async: bool = False,
-    actors: int | None = None,
+    then: list[StageSpec] | None = None,
     batch_size: int | None = None,
     max_concurrent_batches: int | None = None,
 ) -> ray.data.Dataset:
-    """Append one stage as an actor-pool operator. ``build(*args)`` runs inside each actor."""
+    """Append one stage (and the stages in ``then``, run in the same actor) as an
+    actor-pool operator. ``build(*args)`` runs inside each actor."""
     udf = AsyncStageUDF if is_async else StageUDF
-    size = actors or ray_cfg.actors
+    size = ray_cfg.actors
     # LLM stages keep a fixed pool (their concurrency budget is split across it); CPU
     # stages may stay at one actor for small inputs (a seed file is one block).
     strategy_kw: dict[str, Any] = {"size": size} if is_async else {"min_size": 1, "max_size": size}
     if max_concurrent_batches:
-        # Async stages: several batches of one actor await their requests together.
+        # Async stages: several tasks of one actor await their requests together.
         strategy_kw["max_tasks_in_flight_per_actor"] = max_concurrent_batches
         strategy_kw["max_concurrent_calls_per_actor"] = max_concurrent_batches
     return ds.map_batches(
         udf,
-        fn_constructor_args=(build, *args),
+        fn_constructor_args=([(build, args), *(then or [])],),
         batch_format="pyarrow",
         batch_size=batch_size or ray_cfg.batch_size,
         compute=ray.data.ActorPoolStrategy(**strategy_kw),

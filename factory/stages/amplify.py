@@ -38,7 +38,7 @@ class AmplifyStage(LLMStage):
     name = "amplify"
     requires = ("call_index",)
 
-    def __init__(self, cfg: RecipeConfig, seeds: dict[str, str]):
+    def __init__(self, cfg: RecipeConfig, seeds: dict[str, str], start: int = 0):
         assert cfg.llm is not None and cfg.amplify is not None
         self.model = cfg.llm.model
         self.sampling = dict(cfg.llm.sampling)
@@ -48,6 +48,14 @@ class AmplifyStage(LLMStage):
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
         self.order = seed_order(list(seeds), cfg.amplify.seed)
         self.client = build_client(cfg, self.model)
+        self.start = start
+
+    def check_columns(self, row: dict[str, Any]) -> None:
+        # Work items come straight from ``ray.data.range``: the round's row number
+        # arrives in ``id`` and becomes the global call index here (no extra operator).
+        if row.get("call_index") is None and isinstance(row.get("id"), int):
+            row["call_index"], row["id"] = self.start + row["id"], None
+        super().check_columns(row)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
         seed_id, variation = assign(int(row["call_index"]), self.order)
@@ -60,5 +68,5 @@ class AmplifyStage(LLMStage):
         return row
 
 
-def build_amplify(cfg: RecipeConfig, seeds: dict[str, str]) -> AmplifyStage:
-    return AmplifyStage(cfg, seeds)
+def build_amplify(cfg: RecipeConfig, seeds: dict[str, str], start: int = 0) -> AmplifyStage:
+    return AmplifyStage(cfg, seeds, start)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -162,24 +163,41 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
         return list(await asyncio.gather(*(self.arun_one(r) for r in rows)))
 
 
-class StageUDF:
-    """Ray Data callable class around a Stage: built once per actor, called per batch.
+StageSpec = tuple[Callable[..., Stage], tuple[Any, ...]]
 
-    ``factory`` builds the stage inside the actor (clients, compiled schemas and
-    templates are created there, not pickled from the driver).
+
+def _rows(batch: pa.Table) -> list[dict[str, Any]]:
+    """Rows with every column; a source without a status (a range read) starts ok."""
+    return [{**dict.fromkeys(COLUMNS), "status": OK, **r} for r in batch.to_pylist()]
+
+
+class StageUDF:
+    """Ray Data callable class around a chain of stages, built once per actor.
+
+    Each spec is ``(build, args)``; ``build(*args)`` runs inside the actor, so
+    clients, compiled schemas and templates are created there, not pickled from
+    the driver. Chaining stages in one actor (amplify, then postprocess) saves
+    a serialisation hop per row; each stage stays its own module and function.
     """
 
-    def __init__(self, factory: Any, *args: Any, **kwargs: Any):
-        self.stage: Stage = factory(*args, **kwargs)
+    def __init__(self, specs: list[StageSpec]):
+        self.stages: list[Stage] = [build(*args) for build, args in specs]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = [{**dict.fromkeys(COLUMNS), **r} for r in batch.to_pylist()]
-        return rows_to_table(self.stage.run_rows(rows))
+        rows = _rows(batch)
+        for stage in self.stages:
+            rows = stage.run_rows(rows)
+        return rows_to_table(rows)
 
 
 class AsyncStageUDF(StageUDF):
     """The async variant: Ray Data runs several batches of one actor concurrently."""
 
     async def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
-        rows = [{**dict.fromkeys(COLUMNS), **r} for r in batch.to_pylist()]
-        return rows_to_table(await self.stage.arun_rows(rows))
+        rows = _rows(batch)
+        for stage in self.stages:
+            if stage.is_async:
+                rows = await stage.arun_rows(rows)
+            else:
+                rows = [stage.run_one(r) for r in rows]
+        return rows_to_table(rows)

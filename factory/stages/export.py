@@ -52,4 +52,5 @@ class ExportStage(Stage):
         traj = Trajectory.from_json(row["record"])
         row["output"] = json.dumps(sharegpt_row(traj, self.reasoning), ensure_ascii=False)
         row["id"] = traj.id
+        row["record"] = None  # the driver needs the training row only
         return row

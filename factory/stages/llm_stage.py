@@ -10,7 +10,16 @@ from typing import Any
 
 from factory.config import RecipeConfig
 from factory.errors import LLMError
-from factory.llm import Completion, Endpoint, EndpointPool, LLMClient, PriceTable, RetryPolicy
+from factory.llm import (
+    Completion,
+    Endpoint,
+    EndpointPool,
+    LLMClient,
+    PriceTable,
+    RetryPolicy,
+    openai_client_factory,
+)
+from factory.llm.http import aiohttp_client_factory
 from factory.stages.base import Stage, fail
 from factory.trajectory import canonical_json
 
@@ -41,6 +50,7 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
         max_delay=llm.retry.max_delay_s,
     )
     prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+    factory = aiohttp_client_factory if llm.transport == "aiohttp" else openai_client_factory
     return LLMClient(
         pool,
         model,
@@ -49,6 +59,7 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
         timeout_s=llm.timeout_s,
         retry=retry,
         price=prices.lookup(model),
+        client_factory=factory,
     )
 
 

@@ -52,7 +52,7 @@ def deployment_system_prompt(domain: Domain, fmt: str) -> tuple[str, bool]:
 
 class PostprocessStage(Stage):
     name = "postprocess"
-    requires = ("completion",)
+    requires = ("completion",)  # produces: id, output (accepted) or reason + raw (rejected)
 
     def __init__(self, cfg: RecipeConfig):
         assert cfg.amplify is not None
@@ -82,8 +82,11 @@ class PostprocessStage(Stage):
         out = sharegpt_row(traj, self.reasoning)
         if not self.tools_in_column:
             out["tools"] = ""
-        row.update(id=traj.id, record=traj.to_json(), output=json.dumps(out, ensure_ascii=False))
-        row["completion"] = None  # accepted rows carry the record; the raw text is not needed
+        # Accepted rows carry only the training row to the driver: the record and the raw
+        # completion would double what crosses the object store for nothing.
+        row.update(
+            id=traj.id, record=None, completion=None, output=json.dumps(out, ensure_ascii=False)
+        )
         return row
 
 

@@ -1,0 +1,125 @@
+"""A lean HTTP transport for OpenAI-compatible chat completions (aiohttp).
+
+Why a second transport: at hundreds of completions per second the openai SDK's
+per-request work (typed-dict transforms, httpx connection bookkeeping, pydantic
+response models) cost ~5 ms of CPU per call inside a Ray actor on this 2-core
+machine, more than the rest of the pipeline together, and capped throughput at
+about half of what the servers allowed (BENCHMARKS.md). This transport sends
+the same request body and reads the same response, with one JSON encode and
+one JSON decode per call. ``llm.transport: openai`` keeps the SDK.
+
+It plugs into ``LLMClient`` through ``client_factory`` and mimics the small part
+of the SDK surface the client reads (``chat.completions.create`` returning an
+object with ``choices[0].message``, ``usage``, ``model``, ``system_fingerprint``).
+HTTP failures are raised directly as factory errors, so ``LLMClient`` needs no
+translation for them; timeouts are enforced by ``LLMClient`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+from factory.errors import LLMBadRequest, LLMRateLimited, LLMServerError, short
+from factory.llm.pool import Endpoint
+from factory.llm.retry import parse_retry_after
+from factory.secrets import redact
+
+__all__ = ["HTTPChatClient", "aiohttp_client_factory"]
+
+
+def _namespace(value: Any) -> Any:
+    """JSON -> attribute access for objects (``usage`` stays a dict: the client reads it so)."""
+    if isinstance(value, dict):
+        return SimpleNamespace(
+            **{k: (v if k == "usage" else _namespace(v)) for k, v in value.items()}
+        )
+    if isinstance(value, list):
+        return [_namespace(v) for v in value]
+    return value
+
+
+class _Completions:
+    def __init__(self, owner: HTTPChatClient):
+        self._owner = owner
+
+    async def create(self, **kwargs: Any) -> Any:
+        return await self._owner.post_chat(kwargs)
+
+
+class HTTPChatClient:
+    """One endpoint's HTTP session (built lazily inside the running event loop)."""
+
+    def __init__(self, endpoint: Endpoint, api_key: str, timeout_s: float):
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.name = endpoint.name
+        self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.chat = SimpleNamespace(completions=_Completions(self))
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def post_chat(self, kwargs: dict[str, Any]) -> Any:
+        headers = {**self._headers, **(kwargs.pop("extra_headers", None) or {})}
+        body = json.dumps(kwargs, ensure_ascii=False).encode()
+        try:
+            async with self._get_session().post(self.url, data=body, headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+                resp_headers = resp.headers
+        except aiohttp.ClientError as exc:
+            raise LLMServerError(
+                f"{self.name}: connection failed: {short(redact(str(exc)), 200)}",
+                endpoint=self.name,
+            ) from exc
+        if status >= 400:
+            raise _status_error(self.name, status, raw, resp_headers)
+        try:
+            return _namespace(json.loads(raw))
+        except ValueError as exc:
+            raise LLMServerError(
+                f"{self.name}: unusable response (not JSON): {short(raw.decode('utf-8', 'replace'), 120)}",
+                endpoint=self.name,
+            ) from exc
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+def _status_error(name: str, status: int, raw: bytes, headers: Any) -> Exception:
+    try:
+        detail = json.loads(raw).get("error", {}).get("message") or ""
+    except (ValueError, AttributeError):
+        detail = raw.decode("utf-8", "replace")
+    detail = short(redact(str(detail)), 200)
+    if status == 429:
+        retry_after = parse_retry_after(headers)
+        hint = f"; server asks to wait {retry_after:.1f}s" if retry_after is not None else ""
+        return LLMRateLimited(
+            f"{name}: HTTP 429 rate limited{hint}: {detail}",
+            retry_after=retry_after,
+            endpoint=name,
+            status=429,
+        )
+    if status in (408, 409) or status >= 500:
+        return LLMServerError(f"{name}: HTTP {status}: {detail}", endpoint=name, status=status)
+    return LLMBadRequest(
+        f"{name}: HTTP {status}: {detail}; retrying will not help, check the model name, key "
+        "and request parameters",
+        endpoint=name,
+        status=status,
+    )
+
+
+def aiohttp_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> HTTPChatClient:
+    """``LLMClient`` client factory using this transport."""
+    return HTTPChatClient(endpoint, api_key, timeout_s)
