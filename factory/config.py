@@ -2,7 +2,7 @@
 
 The pydantic models below generate the JSON Schema shipped in
 ``factory/schemas/recipe.schema.json`` (regenerate with
-``python -m factory.config --write-schema``; a test checks it is current).
+``python -m factory.schemas``; a test checks it is current).
 Loading validates the raw YAML against that shipped schema first, so an
 unknown key, a wrong type or a missing value is reported with its key path
 (``llm.sampling.temperature: expected number, got 'hot'``) before any work,
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +33,9 @@ __all__ = [
     "AmplifyConfig",
     "DomainConfig",
     "EndpointConfig",
+    "EnvSimConfig",
     "LLMConfig",
+    "MixtureConfig",
     "OutputConfig",
     "PrefilterConfig",
     "PriceConfig",
@@ -168,13 +169,53 @@ class RayConfig(_Strict):
     )
 
 
+class EnvSimConfig(_Strict):
+    """Simulator training data from an executable world (EnvSimBench)."""
+
+    world_seed: int = Field(0, description="Seed of the generated world.")
+    world_sizes: dict[str, int] = Field(
+        default_factory=dict, description="n_users, n_flights, n_reservations of the world."
+    )
+    seed: int = Field(0, description="Seed of the episode sampler.")
+    episodes_per_round: int = Field(
+        2000, ge=1, description="Episodes sampled before the quotas are checked again."
+    )
+    max_episodes: int = Field(
+        60000, ge=1, description="Stop sampling here; unmet quotas are reported as shortfall."
+    )
+    invalid_share: float = Field(
+        0.2, ge=0, le=1, description="Share of calls made wrong on purpose (Error observations)."
+    )
+    violation_share: float = Field(
+        0.05, ge=0, le=1, description="Share of policy-violating calls that still succeed."
+    )
+    with_code: bool = Field(False, description="Show the tool's source code in the instruction.")
+
+
+class MixtureConfig(_Strict):
+    path: str = Field(description="Mixture YAML (quotas per group), relative to the recipe.")
+    seed: int = Field(0, description="Seed of the selection order.")
+    exclude_task_ids: list[str | int] = Field(
+        default_factory=list, description="Decontamination: never select these task ids."
+    )
+    exclude_user_ids: list[str] = Field(
+        default_factory=list, description="Decontamination: never select these user ids."
+    )
+    allow_shortfall: bool = Field(
+        True, description="false: an unmet quota fails the run (exit 3) instead of a report."
+    )
+
+
 class RecipeConfig(_Strict):
     name: str = Field(description="Recipe name, recorded in the manifest.")
-    pipeline: Literal["curate", "amplify"] = Field(
-        description="curate: validate and convert seeds; amplify: LLM synthesis from seeds."
+    pipeline: Literal["curate", "amplify", "envsim"] = Field(
+        description="curate: validate and convert seeds; amplify: LLM synthesis from seeds; "
+        "envsim: simulator training data from the executable world."
     )
     domain: DomainConfig
-    seeds: SeedsConfig
+    seeds: SeedsConfig | None = None
+    envsim: EnvSimConfig | None = None
+    mixture: MixtureConfig | None = None
     llm: LLMConfig | None = None
     prefilter: PrefilterConfig = Field(default_factory=PrefilterConfig)  # type: ignore[arg-type]
     amplify: AmplifyConfig | None = None
@@ -319,6 +360,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def _semantic_checks(cfg: RecipeConfig) -> None:
+    if cfg.pipeline == "envsim":
+        if cfg.envsim is None:
+            raise ConfigError("the envsim pipeline needs an envsim section", key_path="envsim")
+        if cfg.mixture is None:
+            raise ConfigError("the envsim pipeline needs a mixture section", key_path="mixture")
+        return
+    if cfg.seeds is None:
+        raise ConfigError("missing required value", key_path="seeds")
     if cfg.seeds.path is None and cfg.seeds.hf_dataset is None:
         raise ConfigError("set seeds.path or seeds.hf_dataset", key_path="seeds")
     if cfg.pipeline == "amplify":
@@ -368,17 +417,3 @@ def config_hash(cfg: RecipeConfig) -> str:
     data = cfg.model_dump(mode="json")
     data.get("output", {}).pop("dir", None)
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
-
-
-def _main(argv: list[str]) -> int:
-    if argv == ["--write-schema"]:
-        SCHEMA_PATH.parent.mkdir(parents=True, exist_ok=True)
-        SCHEMA_PATH.write_text(json.dumps(json_schema(), indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {SCHEMA_PATH}")
-        return 0
-    print("usage: python -m factory.config --write-schema", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))

@@ -35,6 +35,7 @@ def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
     Raises:
         ConfigError: a spec matches nothing (key path ``seeds.path``).
     """
+    assert cfg.seeds is not None  # curate / amplify recipes always have seeds (config check)
     specs = cfg.seeds.path if isinstance(cfg.seeds.path, list) else [cfg.seeds.path]
     try:
         files = resolve_paths([str(cfg.resolve(s)) for s in specs if s is not None])
@@ -45,6 +46,7 @@ def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
 
 def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
     """Raw seed rows read on the driver (dry runs and Hugging Face sources)."""
+    assert cfg.seeds is not None
     if cfg.seeds.hf_dataset:
         records = iter_hf_records(cfg.seeds.hf_dataset, cfg.seeds.hf_split)
         yield from raw_record_rows(records)
@@ -54,7 +56,8 @@ def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
 
 
 def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
-    """Raw rows with ``seeds.limit`` applied: the driver-side twin of ``_seed_dataset``."""
+    """Raw rows with ``seeds.limit`` applied: the driver-side twin of ``seed_dataset``."""
+    assert cfg.seeds is not None
     for n, row in enumerate(_raw_rows(cfg)):
         if cfg.seeds.limit is not None and n >= cfg.seeds.limit:
             return
@@ -63,6 +66,7 @@ def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
 
 def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
     """Inside an actor: load the domain pack once and build the stage."""
+    assert cfg.seeds is not None
     return SeedCheckStage(
         load_domain(cfg),
         tools_from_domain=cfg.seeds.tools_from_domain,
@@ -85,6 +89,7 @@ def _file_to_rows(batch: pa.Table) -> pa.Table:
 
 def seed_dataset(cfg: RecipeConfig) -> Any:
     """Raw seed rows as a Ray Dataset: files are read by Ray tasks, one file per task."""
+    assert cfg.seeds is not None
     import ray.data
 
     if cfg.seeds.hf_dataset:

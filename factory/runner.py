@@ -78,6 +78,8 @@ class RunResult:
                 f"{tokens.get('completion_tokens', 0):,}; cost "
                 f"{self.manifest.get('cost_usd', 0):.4f} USD"
             )
+        if self.extra.get("report"):
+            lines.append(self.extra["report"])
         lines.append(f"wall time: {self.wall_s:.1f}s")
         if self.stopped_by:
             lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
@@ -114,6 +116,10 @@ def run(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.pipeline == "curate":
         return run_curate(cfg, out_dir, progress=progress)
+    if cfg.pipeline == "envsim":
+        from factory.envsim_run import run_envsim
+
+        return run_envsim(cfg, out_dir, progress=progress)
     from factory.amplify_run import run_amplify
 
     return run_amplify(cfg, out_dir, progress=progress)

@@ -35,7 +35,7 @@ def write(tmp_path: Path, data: object) -> Path:
 
 def test_shipped_schema_is_current() -> None:
     shipped = json.loads(SCHEMA_PATH.read_text())
-    assert shipped == json_schema(), "run: python -m factory.config --write-schema"
+    assert shipped == json_schema(), "run: python -m factory.schemas"
 
 
 @pytest.mark.parametrize(

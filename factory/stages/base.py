@@ -13,6 +13,7 @@ fixed Arrow schema. Failures are data: nothing is dropped here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -107,6 +108,9 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
         return self.process(row)
 
+    def close(self) -> None:  # noqa: B027 - optional hook, most stages hold nothing
+        """Release what the stage holds (HTTP sessions); called when its actor ends."""
+
     @property
     def is_async(self) -> bool:
         return type(self).aprocess is not Stage.aprocess
@@ -188,6 +192,11 @@ class StageUDF:
         for stage in self.stages:
             rows = stage.run_rows(rows)
         return rows_to_table(rows)
+
+    def __del__(self) -> None:  # Ray Data calls this when the actor shuts down gracefully
+        for stage in getattr(self, "stages", []):
+            with contextlib.suppress(Exception):  # best effort at shutdown
+                stage.close()
 
 
 class AsyncStageUDF(StageUDF):

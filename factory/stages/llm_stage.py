@@ -3,6 +3,7 @@ and recording a completion (or its failure) on the row."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -97,11 +98,21 @@ class LLMStage(Stage):
     """Base of stages that make one LLM call per row."""
 
     client: LLMClient
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self) -> None:
+        """Close the client's HTTP sessions on the loop that opened them."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), loop).result(timeout=5)
+        elif loop is None or loop.is_closed():
+            asyncio.run(self.client.aclose())
 
     async def call(
         self, row: dict[str, Any], messages: list[dict[str, str]], rid: str
     ) -> Completion | None:
         """Make the call and record it on ``row``; on failure mark the row failed, return None."""
+        self._loop = asyncio.get_running_loop()
         row["request_id"] = rid
         try:
             c = await self.client.complete(messages, request_id=rid)

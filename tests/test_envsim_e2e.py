@@ -1,0 +1,90 @@
+"""The simulator-data pipeline end to end, offline: world -> steps -> Balance2 -> alpaca."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pytest
+
+from factory.devserver.simulate import read_simulation, simulate_call
+from factory.runner import run
+from factory.simulator import parse_prediction
+
+from . import lfcompat
+from .helpers import recipe
+
+pytestmark = pytest.mark.ray
+
+
+def check_alpaca(out: Path) -> list[dict]:
+    """Every row goes through LLaMA-Factory's own alpaca converter with a target."""
+    lf = lfcompat.load()
+    info = json.loads((out / "dataset_info.json").read_text())
+    ((_, entry),) = info.items()
+    attr = lfcompat.DatasetAttr.from_info(entry)
+    ds = datasets.load_dataset("parquet", data_dir=str(out / "data"), split="train")
+    conv = lf.converter.get_dataset_converter(attr.formatting, attr, lfcompat.DataArgs())
+    rows = list(ds)
+    for example in rows:
+        aligned = conv(example)
+        assert len(aligned["_prompt"]) == 1 and aligned["_prompt"][0]["content"]
+        assert len(aligned["_response"]) == 1 and aligned["_response"][0]["content"]
+    return rows
+
+
+def test_balance2_exact_quotas_loadable_and_exact_labels(ray_session, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run(recipe("airline-envsim.yaml", out), out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mixture"]["selected"] == {
+        "failure": 1000,
+        "no_change": 1000,
+        "simple_change": 2000,
+        "complex_change": 2230,
+    }
+    assert manifest["mixture"]["shortfall"] == {}
+    t = result.totals
+    assert t["accepted"] == 6230
+    assert t["total"] == t["accepted"] + t["surplus"] + t["rejected"] + t["failed"]
+    rows = check_alpaca(out)
+    assert len(rows) == 6230 and len({r["id"] for r in rows}) == 6230
+    groups = Counter(json.loads(r["meta"])["labels"]["group"] for r in rows)
+    assert groups["Failure"] == 1000 and groups["No-Change"] == 1000
+    assert groups["Simple"] == 2000
+    assert groups["Medium"] + groups["Difficult"] + groups["Beyond"] == 2230
+    assert groups["Difficult"] > 0
+    # The training target is exact: re-executing the call of the input on the state of the
+    # input gives the target's feedback and exactly its config changes.
+    for row in rows[::53]:
+        target = parse_prediction(row["output"])
+        state, name, args = read_simulation(row["input"])
+        assert simulate_call(state, name, args) == target
+        labels = json.loads(row["meta"])["labels"]
+        assert len(target["config_changes"]) == labels["delta_size"]
+
+
+def test_small_mixture_reports_shortfall_instead_of_borrowing(ray_session, tmp_path: Path) -> None:
+    mix = tmp_path / "m.yaml"
+    mix.write_text(
+        "name: tiny\nquotas:\n"
+        "  - {name: fail, group: Failure, count: 20}\n"
+        "  - {name: beyond, group: Beyond, count: 5}\n"
+    )
+    out = tmp_path / "out"
+    cfg = recipe(
+        "airline-envsim.yaml",
+        out,
+        f"mixture.path={mix}",
+        "envsim.episodes_per_round=40",
+        "envsim.max_episodes=80",
+    )
+    result = run(cfg, out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mixture"]["selected"]["fail"] == 20
+    assert manifest["mixture"]["shortfall"] == {"beyond": 5}
+    assert result.totals["accepted"] == 20
+    assert manifest["episodes"] == 80
+    check_alpaca(out)
