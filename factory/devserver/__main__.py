@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RATE",
         help="share of simulate answers that leave one state change out",
     )
+    p.add_argument(
+        "--wrong-observation",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of amplification answers with one observation that contradicts the world",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-log", metavar="PATH", help="append one JSON line per request")
     p.add_argument(
@@ -101,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         request_log=args.request_log,
         fail_after=args.fail_after,
         sim_drop_change=args.sim_drop_change,
+        wrong_observation=args.wrong_observation,
     )
 
 

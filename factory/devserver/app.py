@@ -31,7 +31,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import simulate
+from factory.devserver import grounded, simulate
 from factory.errors import ConfigError
 
 __all__ = [
@@ -63,7 +63,9 @@ class DevServerConfig:
     ``defects`` maps a name of ``DEFECTS`` to its rate; rates add up to at most 1.
     ``sim_drop_change`` is the share of simulate answers (with at least one
     change) that leave one change out; it is drawn per request body, like the
-    content, independently of ``defects``.
+    content, independently of ``defects``. ``wrong_observation`` is the share of
+    amplification answers (with a tool message) in which one observation
+    contradicts the world (``grounded.corrupt_observation``), drawn the same way.
     """
 
     port: int = 0
@@ -81,6 +83,7 @@ class DevServerConfig:
     request_log: str | None = None
     fail_after: int | None = None
     sim_drop_change: float = 0.0
+    wrong_observation: float = 0.0
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -98,8 +101,9 @@ class DevServerConfig:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
-        if not 0.0 <= self.sim_drop_change <= 1.0:
-            raise ConfigError("must be within [0, 1]", key_path="devserver.sim_drop_change")
+        for key in ("sim_drop_change", "wrong_observation"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError("must be within [0, 1]", key_path=f"devserver.{key}")
         if self.fail_after is not None and self.fail_after < 0:
             raise ConfigError("must be >= 0", key_path="devserver.fail_after")
         for name, rate in self.defects.items():
@@ -203,6 +207,8 @@ class _State:
             "cached_tokens": self.counts["cached_tokens"],
             "completion_tokens": self.counts["completion_tokens"],
             "sim_dropped_changes": self.counts["sim_dropped_changes"],
+            "grounded_answers": self.counts["grounded_answers"],
+            "wrong_observations": self.counts["wrong_observations"],
             "alive": not self.dead,
             "uptime_s": round(time.time() - self.started, 3),
         }
@@ -371,6 +377,32 @@ def _simulation(text: str, state: _State, digest: bytes) -> tuple[dict[str, Any]
     return answer, rng.random() < rate and simulate.drop_change(answer, rng)
 
 
+def _amplification(
+    text: str,
+    ref: simulate.Reference,
+    state: _State,
+    digest: bytes,
+    crng: random.Random,
+    events: list[str],
+) -> dict[str, Any]:
+    """The new trajectory: grounded in the prompt's environment state when it has one."""
+    trajectory = None
+    scenario = grounded.read_scenario(text)
+    if scenario is not None:
+        tools = [c["name"] for m in ref.messages for c in m.get("tool_calls", ())]
+        trajectory = grounded.grounded_trajectory(scenario, crng, reference_tools=tools)
+        if trajectory is not None:
+            events.append("grounded_answers")
+    if trajectory is None:
+        trajectory = simulate.amplify(ref, crng)
+    rate = state.config.wrong_observation
+    if rate:
+        wrng = random.Random(_seed_int(state.config.seed, digest, "wrong_observation"))
+        if wrng.random() < rate and grounded.corrupt_observation(trajectory, wrng):
+            events.append("wrong_observations")
+    return trajectory
+
+
 def _complete(
     payload: dict[str, Any],
     kind: str,
@@ -378,30 +410,35 @@ def _complete(
     digest: bytes,
     defect: str | None,
     drng: random.Random,
-) -> tuple[str, str | None, str, bool]:
-    """Generate the answer; returns (content, applied defect, finish_reason, change dropped)."""
+) -> tuple[str, str | None, str, list[str]]:
+    """Generate the answer; returns (content, applied defect, finish_reason, counted events).
+
+    Events name the ``/stats`` counters the answer adds one to once it is delivered.
+    """
     messages = payload["messages"]
     crng = random.Random(_seed_int(state.config.seed, digest, "content"))
     fence = state.config.fence_rate
     applied = defect if defect in TRANSPORT_DEFECTS else None
-    dropped = False
+    events: list[str] = []
     if kind == "other":
-        return simulate.answer_other(messages), applied, "stop", dropped
+        return simulate.answer_other(messages), applied, "stop", events
     text = simulate.last_user_text(messages)
     if kind == "simulate":
         answer, dropped = _simulation(text, state, digest)
+        if dropped:
+            events.append("sim_dropped_changes")
         if answer is None:
             return (
                 "I could not read the state or the tool call to simulate.",
                 applied,
                 "stop",
-                dropped,
+                events,
             )
         content = simulate.render_json(answer, crng, fence)
         if defect == "malformed_json":
             content, finish = simulate.break_json(content, drng)
-            return content, defect, finish, dropped
-        return content, applied, "stop", dropped
+            return content, defect, finish, events
+        return content, applied, "stop", events
     marker = simulate.AMPLIFY_MARKER if kind == "amplify" else simulate.JUDGE_MARKER
     block = simulate.extract_block(text, marker)
     ref = simulate.reference_from_block(block) if block is not None else None
@@ -412,10 +449,10 @@ def _complete(
             "I could not read the reference trajectory, so I cannot write a new one.",
             applied,
             "stop",
-            dropped,
+            events,
         )
     else:
-        trajectory = simulate.amplify(ref, crng)
+        trajectory = _amplification(text, ref, state, digest, crng, events)
         if defect in ("unknown_tool", "wrong_arg_type", "missing_observation"):
             avoid = text + json.dumps(payload.get("tools") or [])
             if simulate.inject_defect(trajectory, defect, drng, avoid=avoid):
@@ -423,8 +460,8 @@ def _complete(
         content = simulate.render_json(trajectory, crng, fence)
     if defect == "malformed_json":
         content, finish = simulate.break_json(content, drng)
-        return content, defect, finish, dropped
-    return content, applied, "stop", dropped
+        return content, defect, finish, events
+    return content, applied, "stop", events
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -490,9 +527,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
-            content, applied, finish, dropped = _complete(
-                payload, kind, state, digest, defect, drng
-            )
+            content, applied, finish, events = _complete(payload, kind, state, digest, defect, drng)
             prompt_tokens, cached = state.prompt_usage(
                 payload["model"], payload["messages"], payload.get("tools")
             )
@@ -526,7 +561,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         state.counts["prompt_tokens"] += prompt_tokens
         state.counts["cached_tokens"] += cached
         state.counts["completion_tokens"] += completion_tokens
-        state.counts["sim_dropped_changes"] += int(dropped)
+        state.counts.update(events)
         status = 200
         return web.Response(text=text, content_type="application/json")
     finally:
