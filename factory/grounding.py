@@ -59,8 +59,7 @@ Mode = Literal["verify", "ground", "off"]
 #: "now" (2024-05-15) and inside the generated worlds' 30 days of May.
 BOOKING_WINDOW: tuple[str, str] = ("2024-05-16", "2024-05-30")
 MAX_RESERVATIONS = 2  # of the user's reservations shown: keeps a scenario to a few KB
-ROUTES = (2, 3)  # bookable direct routes offered, inclusive range
-DATES_PER_ROUTE = (1, 2)
+OFFERED_ROUTES = 2  # bookable direct routes shown, each on one date of BOOKING_WINDOW
 SHOWN_CHARS = 600  # observations kept in a CallCheck (the full texts stay in the result)
 
 
@@ -161,11 +160,12 @@ class GroundingWorld:
         """The state slice shown in the prompt of call ``index`` (same arguments, same slice).
 
         One user, up to :data:`MAX_RESERVATIONS` of their reservations, the flights of
-        those reservations on their dates, and 2-4 direct routes the user could book
-        (preferably from their reservations' origins) on 1-2 dates of
-        :data:`BOOKING_WINDOW` with free seats. Every flight of an offered route that
-        has an offered date is included, so ``search_direct_flight`` for that route
-        and date answers on the slice exactly as on the full world.
+        those reservations on their dates, and :data:`OFFERED_ROUTES` direct routes the
+        user could book (preferably from their reservations' origins), each on one date
+        of :data:`BOOKING_WINDOW` with free seats. For every (route, date) the slice
+        holds, it holds every flight of that route flying that date, so
+        ``search_direct_flight`` answers on the slice exactly as on the full world
+        for any route and date it lists.
 
         Returns:
             An airline state ``{"users", "flights", "reservations"}`` (deep copies,
@@ -185,15 +185,26 @@ class GroundingWorld:
             for leg in reservation.get("flights", []):
                 if leg.get("flight_number") in state["flights"]:
                     wanted.setdefault(leg["flight_number"], set()).add(leg.get("date"))
+        pairs = {
+            ((state["flights"][n]["origin"], state["flights"][n]["destination"]), d)
+            for n, dates in wanted.items()
+            for d in dates
+        }
         for route in self._offered_routes(rng, {r.get("origin") for r in reservations.values()}):
-            low, high = DATES_PER_ROUTE
-            dates = set(
-                rng.sample(self._dates[route], min(len(self._dates[route]), rng.randint(low, high)))
-            )
-            for number in self._by_route[route]:
-                have = dates & set(state["flights"][number].get("dates", {}))
-                if have:
-                    wanted.setdefault(number, set()).update(have)
+            pairs.add((route, rng.choice(self._dates[route])))
+        # Close over (route, date): every flight of a listed route on a listed date is in,
+        # so a direct search answers on the slice exactly as on the world. Where no flight
+        # of the route is available that day (past dates), a search finds nothing on
+        # either side, so those pairs need no closing.
+        for route, day in pairs:
+            numbers = self._by_route.get(route, [])
+            flights = [(n, state["flights"][n].get("dates", {})) for n in numbers]
+            if any(
+                day in dates and dates[day].get("status") == "available" for _, dates in flights
+            ):
+                for number, dates in flights:
+                    if day in dates:
+                        wanted.setdefault(number, set()).add(day)
         return {
             "users": {user_id: deepcopy(user)},
             "flights": {
@@ -207,7 +218,7 @@ class GroundingWorld:
     def _offered_routes(self, rng: random.Random, origins: set[Any]) -> list[tuple[str, str]]:
         near = [r for r in self._routes if r[0] in origins]
         far = [r for r in self._routes if r[0] not in origins]
-        want = min(len(self._routes), rng.randint(*ROUTES))
+        want = min(len(self._routes), OFFERED_ROUTES)
         picked = rng.sample(near, min(len(near), want))
         picked += rng.sample(far, want - len(picked))
         return sorted(picked)
