@@ -68,8 +68,9 @@ class HTTPChatClient:
         return self._session
 
     async def post_chat(self, kwargs: dict[str, Any]) -> Any:
-        headers = {**self._headers, **(kwargs.pop("extra_headers", None) or {})}
-        body = json.dumps(kwargs, ensure_ascii=False).encode()
+        headers = {**self._headers, **(kwargs.get("extra_headers") or {})}
+        payload = {k: v for k, v in kwargs.items() if k != "extra_headers"}  # kwargs is reused
+        body = json.dumps(payload, ensure_ascii=False).encode()
         try:
             async with self._get_session().post(self.url, data=body, headers=headers) as resp:
                 raw = await resp.read()
@@ -85,9 +86,9 @@ class HTTPChatClient:
         try:
             return _namespace(json.loads(raw))
         except ValueError as exc:
+            text = short(raw.decode("utf-8", "replace"), 120)
             raise LLMServerError(
-                f"{self.name}: unusable response (not JSON): {short(raw.decode('utf-8', 'replace'), 120)}",
-                endpoint=self.name,
+                f"{self.name}: unusable response (not JSON): {text}", endpoint=self.name
             ) from exc
 
     async def close(self) -> None:
