@@ -567,3 +567,177 @@ def test_sim_drop_change_is_deterministic_per_request() -> None:
     assert answer(1.0, b"a") == (dropped, True)  # same body, same answer
     draws = [answer(0.5, bytes([i]))[1] for i in range(40)]
     assert 5 < sum(draws) < 35
+
+
+# --- grounded amplification: episodes executed on the prompt's environment state ------------
+def _scenario(index: int = 0) -> dict[str, Any]:
+    from factory.grounding import GroundingWorld
+
+    world = GroundingWorld("airline", 5, {"n_users": 20, "n_flights": 40, "n_reservations": 60})
+    return world.scenario(index, 0)
+
+
+def _grounded_text(scenario: Any) -> str:
+    from factory.grounding import ENV_STATE_MARKER
+
+    state = scenario if isinstance(scenario, str) else json.dumps(scenario)
+    ref = json.dumps(make_reference())
+    return f"{ENV_STATE_MARKER}\n```json\n{state}\n```\n\n{AMPLIFY_MARKER}\n```json\n{ref}\n```"
+
+
+def test_read_scenario_takes_the_environment_block() -> None:
+    from factory.devserver.grounded import read_scenario
+
+    scenario = _scenario()
+    assert read_scenario(_grounded_text(scenario)) == scenario
+    assert read_scenario(f"{AMPLIFY_MARKER}\n```json\n{{}}\n```") is None
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "{not json",
+        "[]",
+        '{"users": {}, "flights": {}, "reservations": {}}',  # nobody to talk about
+        '{"users": {"a_b_1": {}}, "flights": {}}',  # a table missing
+        '{"users": {"a_b_1": 3}, "flights": {}, "reservations": {}}',
+    ],
+)
+def test_read_scenario_refuses_what_is_not_an_airline_state(state: str) -> None:
+    from factory.devserver.grounded import read_scenario
+
+    assert read_scenario(_grounded_text(state)) is None
+
+
+@pytest.mark.parametrize(
+    ("tools", "last_call"),
+    [
+        (["get_user_details", "cancel_reservation"], "cancel_reservation"),
+        (["update_reservation_baggages"], "update_reservation_baggages"),
+        (["search_direct_flight", "book_reservation"], "book_reservation"),
+        (["get_reservation_details"], "get_reservation_details"),
+    ],
+)
+def test_grounded_trajectory_follows_the_reference_and_executes_every_call(
+    tools: list[str], last_call: str
+) -> None:
+    from factory.devserver.grounded import grounded_trajectory
+    from factory.envs.airline import AirlineEnv
+    from factory.labels import is_error_observation
+
+    played = 0
+    for index in range(8):
+        scenario = _scenario(index)
+        untouched = copy.deepcopy(scenario)
+        out = grounded_trajectory(scenario, random.Random(index), reference_tools=tools)
+        assert out is not None and scenario == untouched
+        messages = out["messages"]
+        assert messages[0]["role"] == "user" and messages[-1]["role"] == "assistant"
+        calls = _calls(messages)
+        played += calls[-1]["name"] == last_call
+        if last_call != "cancel_reservation":  # a cancellation may be refused by the policy
+            assert calls[-1]["name"] == last_call
+        env = AirlineEnv(copy.deepcopy(scenario))
+        observations = [m["content"] for m in messages if m["role"] == "tool"]
+        assert observations == [env.execute(c["name"], c["arguments"]) for c in calls]
+        assert not any(is_error_observation(o) for o in observations)
+    assert played >= 2
+
+
+def test_grounded_trajectory_needs_a_playable_state() -> None:
+    from factory.devserver.grounded import grounded_trajectory
+
+    assert grounded_trajectory({"users": {"x_y_1": {}}}, random.Random(0)) is None
+    inconsistent = {"users": {"x_y_1": {"reservations": ["ABCDEF"]}}, "flights": {}}
+    inconsistent["reservations"] = {"ABCDEF": {"status": None}}
+    assert grounded_trajectory(inconsistent, random.Random(0)) is None
+
+
+def test_corrupt_observation_changes_one_value() -> None:
+    from factory.devserver.grounded import corrupt_observation, grounded_trajectory
+
+    for seed in range(20):
+        out = grounded_trajectory(_scenario(seed), random.Random(seed))
+        assert out is not None
+        before = copy.deepcopy(out)
+        assert corrupt_observation(out, random.Random(seed))
+        changed = [
+            (a["content"], b["content"])
+            for a, b in zip(before["messages"], out["messages"], strict=True)
+            if a != b
+        ]
+        assert len(changed) == 1
+        old, new = (json.loads(text) for text in changed[0])
+        flat_old, flat_new = _flatten(old), _flatten(new)
+        assert flat_old.keys() == flat_new.keys()
+        diffs = [k for k in flat_old if flat_old[k] != flat_new[k]]
+        assert len(diffs) == 1 and type(flat_old[diffs[0]]) is type(flat_new[diffs[0]])
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)  # type: ignore[assignment]
+    else:
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}/{k}"))
+    return out
+
+
+def test_corrupt_observation_without_values_changes_the_text() -> None:
+    from factory.devserver.grounded import corrupt_observation
+
+    plain = {"messages": [{"role": "tool", "name": "think", "content": ""}]}
+    assert corrupt_observation(plain, random.Random(0))
+    assert plain["messages"][0]["content"].strip() != ""
+    assert not corrupt_observation(
+        {"messages": [{"role": "user", "content": "hi"}]}, random.Random(0)
+    )
+
+
+def test_wrong_observation_is_a_checked_rate_and_a_cli_flag() -> None:
+    from factory.devserver import DevServerConfig
+    from factory.devserver.__main__ import build_parser, config_from_args
+    from factory.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        DevServerConfig(wrong_observation=-0.1)
+    assert info.value.key_path == "devserver.wrong_observation"
+    args = build_parser().parse_args(["--wrong-observation", "0.3"])
+    assert config_from_args(args).wrong_observation == 0.3
+    assert DevServerConfig().wrong_observation == 0.0
+
+
+def test_grounded_answers_and_wrong_observations_are_deterministic_per_request() -> None:
+    from factory.devserver.app import DevServerConfig, _amplification, _State
+
+    text = _grounded_text(_scenario(3))
+    ref = reference_from_block(json.dumps(make_reference()))
+    assert ref is not None
+
+    def answer(rate: float, digest: bytes) -> tuple[dict[str, Any], list[str]]:
+        events: list[str] = []
+        state = _State(DevServerConfig(wrong_observation=rate))
+        out = _amplification(text, ref, state, digest, random.Random(digest), events)
+        return out, events
+
+    clean, events = answer(0.0, b"a")
+    assert events == ["grounded_answers"]
+    wrong, events = answer(1.0, b"a")
+    assert events == ["grounded_answers", "wrong_observations"] and wrong != clean
+    assert answer(1.0, b"a") == (wrong, events)
+    draws = ["wrong_observations" in answer(0.5, bytes([i]))[1] for i in range(40)]
+    assert 5 < sum(draws) < 35
+    # Without an environment block the answer is the renamed reference, not counted as grounded.
+    events = []
+    plain_text = f"{AMPLIFY_MARKER}\n```json\n{{}}\n```"
+    plain = _amplification(
+        plain_text, ref, _State(DevServerConfig()), b"a", random.Random(0), events
+    )
+    assert events == []
+    assert [c["name"] for c in _calls(plain["messages"])] == [
+        c["name"] for c in _calls(make_reference()["messages"])
+    ]
