@@ -91,7 +91,8 @@ class GroundingWorld:
         validate_arguments: passed to the environment (wrong-typed calls become errors).
 
     Raises:
-        ConfigError: an unknown domain or size key, or a world without users.
+        ConfigError: an unknown domain, a bad or unknown size, an unreadable
+            ``db_dir``, or a world without users.
     """
 
     def __init__(
@@ -126,9 +127,12 @@ class GroundingWorld:
             )
             self.env_id = f"airline-db-{Path(db_dir).name}"
         else:
-            self.env = AirlineEnv.create(
-                seed=world_seed, validate_arguments=validate_arguments, **dict(sizes or {})
-            )
+            try:
+                self.env = AirlineEnv.create(
+                    seed=world_seed, validate_arguments=validate_arguments, **dict(sizes or {})
+                )
+            except ValueError as exc:  # generate_world's size checks
+                raise ConfigError(str(exc), key_path="world_sizes") from exc
             self.env_id = world_env_id(world_seed, sizes)
         state = self.env.state
         if not state["users"]:

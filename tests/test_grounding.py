@@ -170,6 +170,8 @@ def test_fresh_env_refuses_a_scenario_of_another_world(world: GroundingWorld) ->
         ({"domain": "retail"}, "domain"),
         ({"sizes": {"n_planes": 3}}, "world_sizes"),
         ({"sizes": {"n_users": 0, "n_reservations": 0}}, "world_sizes"),
+        ({"sizes": {"n_users": -1}}, "world_sizes"),
+        ({"db_dir": "/nonexistent/db"}, "db"),
     ],
 )
 def test_bad_worlds_are_config_errors(args: dict[str, Any], key: str) -> None:
