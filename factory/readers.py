@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +57,10 @@ JSONL_EXTENSIONS = (".jsonl", ".ndjson")
 SUPPORTED_EXTENSIONS = (*JSONL_EXTENSIONS, ".json", ".parquet")
 _GLOB_CHARS = set("*?[")
 _WRAPPER_KEYS = ("data", "records")
+# JSON may escape half a UTF-16 pair ("\ud800"); json.loads accepts it, but the string
+# cannot be encoded as UTF-8, so Arrow (every column downstream) would crash on it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -99,6 +104,37 @@ def _error(source: str, index: int, reason: str, message: str, raw: Any) -> RawR
     return RawRecord(source, index, None, preview(raw), SeedFormatError(reason, message))
 
 
+def _lone_surrogate(record: Any) -> str | None:
+    """The first unpaired surrogate in any key or string of ``record`` (iterative walk)."""
+    todo = [record]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return found.group()
+        elif isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return None
+
+
+def _decoded(source: str, index: int, record: Any, raw: str, *, escaped: bool) -> RawRecord:
+    """A RawRecord for a parsed ``record``; refused when it is not Unicode text.
+
+    ``escaped`` says whether the source text holds a surrogate escape at all (a
+    cheap screen, so clean records are never walked).
+    """
+    char = _lone_surrogate(record) if escaped else None
+    if char is None:
+        return RawRecord(source, index, record, raw)
+    message = f"invalid Unicode: lone surrogate {char!r} (half a UTF-16 pair)"
+    safe_raw = raw.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _error(source, index, "unreadable_bytes", message, safe_raw)
+
+
 # --- per-container decoding --------------------------------------------------------------
 
 
@@ -118,7 +154,8 @@ def _line_record(source: str, index: int, line: bytes, max_bytes: int) -> RawRec
         return _error(source, index, "too_large", "JSON nested too deeply", text)
     except ValueError as exc:
         return _error(source, index, "invalid_json", short(str(exc), 120), text)
-    return RawRecord(source, index, record, text[:RAW_LIMIT])
+    escaped = bool(_SURROGATE_ESCAPE.search(text))
+    return _decoded(source, index, record, text[:RAW_LIMIT], escaped=escaped)
 
 
 def _iter_lines(stream: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, bool]]:
@@ -169,8 +206,9 @@ def _json_records(source: str, data: bytes) -> Iterator[RawRecord]:
         items = wrapped if wrapped is not None else [doc]
     elif not isinstance(doc, list):
         items = [doc]
+    escaped = bool(_SURROGATE_ESCAPE.search(text))
     for index, item in enumerate(items):
-        yield RawRecord(source, index, item, preview(item))
+        yield _decoded(source, index, item, preview(item), escaped=escaped)
 
 
 def _parquet_records(source: str, open_file: Any) -> Iterator[RawRecord]:
