@@ -16,6 +16,7 @@ OpenAI chat for ``{role, content}`` messages.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -141,6 +142,10 @@ def parse_record(
             raise SeedFormatError("bad_tools", "default_tools must be a list of tool specs")
         fmt = detect_format(record)
         traj = FORMATS[fmt](record, default_tools=default_tools)
+        # JSON inside strings (arguments, tool lists) is decoded only now: nesting the
+        # record check could not see would hit the recursion limit in validation.
+        nested = {"tools": traj.tools, "turns": [t.to_dict() for t in traj.turns]}
+        check_limits(nested, max_bytes=sys.maxsize, max_depth=max_depth)
     except SeedError as exc:
         exc.row_id = exc.row_id or source
         raise
