@@ -20,6 +20,9 @@ _THINK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.S)
 CARRIED_FIELDS = ("reward", "task_id", "trial", "user_id")
 # Where a record keeps its messages; the layout inside decides the format, not the key.
 LIST_KEYS = ("conversations", "messages", "traj")
+# Longest tool name the OpenAI and Anthropic APIs accept; a longer one cannot be
+# served, and in a seed it is garbage (a whole payload pasted into the name).
+MAX_TOOL_NAME = 64
 
 
 def fail(reason: str, message: str) -> SeedFormatError:
@@ -105,6 +108,9 @@ def parse_tools(raw: Any, default_tools: list[dict[str, Any]] | None) -> list[di
             tool = normalize_tool_spec(spec)
         except ValueError as exc:
             raise fail("bad_tools", f"tools[{i}]: {exc}") from exc
+        if len(tool["name"]) > MAX_TOOL_NAME:
+            size = f"{len(tool['name'])} characters (at most {MAX_TOOL_NAME})"
+            raise fail("bad_tools", f"tools[{i}]: a name of {size}")
         if tool["name"] in seen:
             raise fail("bad_tools", f"tools[{i}]: duplicate tool name {short(tool['name'], 60)!r}")
         seen.add(tool["name"])
