@@ -23,11 +23,11 @@ from typing import Any
 from factory.collect import Collector
 from factory.config import RecipeConfig, config_hash
 from factory.errors import SeedError
-from factory.prompts import PromptTemplate
+from factory.mixture import Mixture, select
+from factory.prompts import PromptTemplate, estimate_tokens
 from factory.runner import RunResult, _progress
 from factory.stages.base import FAILED, OK, REJECTED
-from factory.trajectory import Trajectory
-from factory.writer import Manifest, RejectWriter
+from factory.writer import Manifest, RejectWriter, ShardWriter
 
 __all__ = ["plan_round", "preflight", "run_amplify"]
 
@@ -85,6 +85,51 @@ def rows_per_llm_block(cfg: RecipeConfig) -> int:
     return 4 * llm_batch_size(cfg)
 
 
+def amplify_template(cfg: RecipeConfig, domain: Any) -> PromptTemplate:
+    """The amplification template the recipe uses (grounded or not)."""
+    assert cfg.amplify is not None
+    if cfg.amplify.grounding is not None:
+        path, key = cfg.amplify.grounding.prompt, "amplify.grounding.prompt"
+    else:
+        path, key = cfg.amplify.prompt, "amplify.prompt"
+    return PromptTemplate(cfg.resolve(path), domain, key_path=key)
+
+
+def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
+    """With a recipe mixture: choose from the accepted candidates and copy them to data/."""
+    import pyarrow.parquet as pq
+
+    assert cfg.mixture is not None
+    mx = cfg.mixture
+    mixture = Mixture.load(cfg.resolve(mx.path))
+    selection = select(
+        collector.accepted_labels,
+        mixture,
+        seed=mx.seed,
+        exclude_task_ids=mx.exclude_task_ids,
+        exclude_user_ids=mx.exclude_user_ids,
+    )
+    chosen = set(selection.ids)
+    collector.data.flush()  # the last candidates may still be buffered
+    data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
+    for path in sorted((out_dir / "candidates").glob("*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
+            data.extend(r for r in batch.to_pylist() if r["id"] in chosen)
+    data.close()
+    if selection.shortfall and not mx.allow_shortfall:
+        raise SeedError("shortfall", f"mixture quotas not met: {selection.shortfall}")
+    return {
+        "name": mixture.name,
+        "wanted": selection.wanted,
+        "selected": selection.counts,
+        "available": selection.available,
+        "shortfall": selection.shortfall,
+        "excluded": selection.excluded,
+        "written": data.rows_written,
+        "report": selection.report(),
+    }
+
+
 def preflight(cfg: RecipeConfig) -> None:
     """Build on the driver what every actor will build, so a recipe error (missing key,
     bad sampling option, broken template) stops the run with its key path before any
@@ -94,7 +139,13 @@ def preflight(cfg: RecipeConfig) -> None:
 
     assert cfg.llm is not None and cfg.amplify is not None
     domain = load_domain(cfg)
-    PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain, key_path="amplify.prompt")
+    amplify_template(cfg, domain)
+    if cfg.amplify.grounding is not None:
+        from factory.stages.amplify import grounding_world
+
+        grounding_world(cfg.amplify.grounding)  # bad world sizes fail here, with their key
+    if cfg.mixture is not None:
+        Mixture.load(cfg.resolve(cfg.mixture.path))
     models = {cfg.llm.model}
     if cfg.prefilter.enabled:
         PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
@@ -156,7 +207,13 @@ def _collect_seeds(
     return kept, tokens, cost
 
 
-def _call_dataset(cfg: RecipeConfig, kept: dict[str, str], start: int, n: int) -> Any:
+def _call_dataset(
+    cfg: RecipeConfig,
+    kept: dict[str, str],
+    start: int,
+    n: int,
+    plan: tuple[list[str], dict[str, int]] | None,
+) -> Any:
     """Calls ``start .. start+n-1``: a range read straight into one actor pool that
     amplifies and post-processes (no per-block task operator in between)."""
     import ray.data
@@ -186,6 +243,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     from factory.domain import load_domain
     from factory.pipeline import iter_rows
     from factory.raycompat import init_ray
+    from factory.stages.amplify import round_plan, seed_order
 
     assert cfg.amplify is not None and cfg.llm is not None
     started = time.time()
@@ -196,31 +254,40 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
     timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
     target = cfg.amplify.target
+    # With a mixture, accepted rows are candidates; the selection is written to data/.
     collector = Collector(
         out_dir,
         manifest,
         dataset_name=cfg.output.dataset_name,
         shard_rows=cfg.output.shard_rows,
         target=target,
-        per_seed_cap=math.ceil(target / len(kept)),
+        # No hard per-seed cap: later rounds steer calls to the seeds below their
+        # share instead, so a low-yield seed cannot stall the run.
+        data_subdir="candidates" if cfg.mixture else "data",
     )
+    order = seed_order(list(kept), cfg.amplify.seed)
+    cap = math.ceil(target / len(kept))
+    calls: Counter[str] = Counter()  # calls made per seed: later rounds continue variations
     fingerprints: set[str] = set()
     issued, rounds, stopped_by, stalled = 0, 0, None, False
     with _progress(progress, target, "accepted") as bar:
         while not collector.done:
-            tokens = collector.tokens["prompt_tokens"] + collector.tokens["completion_tokens"]
+            used = collector.tokens + judge_tokens  # caps count the judge's spend too
             n, stopped_by = plan_round(
                 cfg,
                 accepted=collector.accepted,
                 issued=issued,
-                spent_usd=collector.cost_usd,
-                tokens=tokens,
+                spent_usd=collector.cost_usd + judge_cost,
+                tokens=used["prompt_tokens"] + used["completion_tokens"],
             )
             if n == 0:
                 break
             before = collector.accepted
             round_start = time.time()
-            for row in iter_rows(_call_dataset(cfg, kept, issued, n)):
+            plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
+            for row in iter_rows(_call_dataset(cfg, kept, issued, n, plan)):
+                if row.get("seed_id"):
+                    calls[row["seed_id"]] += 1
                 if collector.add(row) == "accepted":
                     bar.update(1)
                 if row.get("fingerprint"):
@@ -238,15 +305,16 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             if collector.accepted == before:
                 stalled = True
                 break
-    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
-    static = template.render(Trajectory.from_json(next(iter(kept.values())))).static_tokens()
+    static = estimate_tokens(amplify_template(cfg, load_domain(cfg)).static)
     prompt_tokens = collector.tokens["prompt_tokens"]
     reached = collector.accepted >= target
     amplify_tokens = dict(collector.tokens)
     amplify_cost = collector.cost_usd
     collector.tokens.update(judge_tokens)  # manifest "tokens" / "cost_usd": whole-run totals
     collector.cost_usd += judge_cost
+    mixture_report = select_mixture(cfg, out_dir, collector) if cfg.mixture else None
     totals = collector.close(
+        mixture=mixture_report,
         by_stage={
             "prefilter": {"tokens": dict(judge_tokens), "cost_usd": round(judge_cost, 6)},
             "amplify": {"tokens": amplify_tokens, "cost_usd": round(amplify_cost, 6)},

@@ -43,13 +43,14 @@ class Collector:
         target: int | None = None,
         per_seed_cap: int | None = None,
         dedup: bool = True,
+        data_subdir: str = "data",
     ):
         self.out_dir = Path(out_dir)
         self.manifest = manifest
         self.dataset_name = dataset_name
         self.formatting = formatting
         kw = {"schema": schema} if schema is not None else {}
-        self.data = ShardWriter(self.out_dir, shard_rows=shard_rows, **kw)
+        self.data = ShardWriter(self.out_dir, subdir=data_subdir, shard_rows=shard_rows, **kw)
         self.surplus = ShardWriter(self.out_dir, subdir="surplus", shard_rows=shard_rows, **kw)
         self.rejects = RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows)
         self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
@@ -62,6 +63,9 @@ class Collector:
         self.decided: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> status counts
         self.tokens: Counter[str] = Counter()
         self.cost_usd = 0.0
+        self.grounding: Counter[str] = Counter()
+        self.fidelity_sum = 0.0
+        self.accepted_labels: list[dict[str, Any]] = []  # (id, labels) for mixture selection
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -87,6 +91,12 @@ class Collector:
     def add(self, row: dict[str, Any]) -> str:
         """File one final row; returns accepted | surplus | rejected | failed."""
         self._usage(row)
+        if row.get("grounding"):
+            info = json.loads(row["grounding"])
+            self.grounding["trajectories"] += 1
+            self.grounding["calls"] += int(info.get("total") or 0)
+            self.grounding["matched"] += int(info.get("matched") or 0)
+            self.grounding["observations_replaced"] += int(info.get("observations_replaced") or 0)
         status = row.get("status")
         if status == OK:
             key = row.get("id") or ""
@@ -112,6 +122,8 @@ class Collector:
                 self.data.add(out)
                 self.per_seed[seed] += 1
                 kind = ACCEPTED
+                if row.get("labels"):
+                    self.accepted_labels.append({"id": key, "labels": json.loads(row["labels"])})
             self.decided[row.get("stage") or "?"][kind] += 1
         else:
             kind = FAILED if status == FAILED else REJECTED
@@ -135,6 +147,10 @@ class Collector:
             "failed": self.counts[FAILED],
         }
         self.manifest.stages = {s: dict(c) for s, c in self.decided.items()}
+        if self.grounding:
+            g = dict(self.grounding)
+            g["fidelity"] = round(g["matched"] / g["calls"], 4) if g.get("calls") else 1.0
+            self.manifest.extra["grounding"] = g
         self.manifest.extra.update(
             files={"data": self.data.files, "surplus": self.surplus.files},
             tokens=dict(self.tokens),

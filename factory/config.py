@@ -34,6 +34,7 @@ __all__ = [
     "DomainConfig",
     "EndpointConfig",
     "EnvSimConfig",
+    "GroundingConfig",
     "LLMConfig",
     "MixtureConfig",
     "OutputConfig",
@@ -137,6 +138,23 @@ class PrefilterConfig(_Strict):
     )
 
 
+class GroundingConfig(_Strict):
+    """Ground amplified trajectories in an executable world (the domain must have one)."""
+
+    mode: Literal["verify", "ground", "off"] = Field(
+        "verify",
+        description="verify: reject a trajectory an executed observation contradicts; "
+        "ground: replace simulated observations with executed ones; off: measure only.",
+    )
+    world_seed: int = Field(0, description="Seed of the generated world the prompts show.")
+    world_sizes: dict[str, int] = Field(
+        default_factory=dict, description="n_users, n_flights, n_reservations of the world."
+    )
+    prompt: str = Field(
+        "../prompts/amplify_grounded.j2", description="Amplification template with a state block."
+    )
+
+
 class AmplifyConfig(_Strict):
     target: int = Field(ge=1, description="Accepted trajectories to produce.")
     seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
@@ -149,6 +167,9 @@ class AmplifyConfig(_Strict):
     max_tokens: int | None = Field(None, ge=1, description="Stop issuing at this many tokens.")
     system_prompt_format: Literal["json", "hermes"] = Field(
         "json", description="Tools block format of the deployment system prompt in the output."
+    )
+    grounding: GroundingConfig | None = Field(
+        None, description="Show each call a slice of an executable world and replay its calls."
     )
 
 

@@ -97,14 +97,19 @@ class PromptTemplate:
         context = self.template.new_context(ctx)
         return "".join(self.template.blocks[name](context)).strip()
 
-    def render(self, reference: Trajectory, *, variation: int = 0) -> Prompt:
-        """Messages for one call: the static system block, then the per-call user block."""
+    def render(self, reference: Trajectory, *, variation: int = 0, **extra: str) -> Prompt:
+        """Messages for one call: the static system block, then the per-call user block.
+
+        ``extra`` adds per-call variables of the user block (``scenario_json`` for the
+        grounded template).
+        """
         reference_json = json.dumps(render_output(reference), indent=1, ensure_ascii=False)
         user = self._block(
             "user",
             variation=variation + 1,
             direction=DIRECTIONS[variation % len(DIRECTIONS)],
             reference_json=reference_json,
+            **extra,
         )
         messages = [
             {"role": "system", "content": self.static},

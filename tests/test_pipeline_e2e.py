@@ -162,3 +162,65 @@ def test_pool_survives_a_dead_member(ray_session, devserver, tmp_path) -> None:
     assert result.totals["accepted"] == 90
     assert result.totals["failed"] == 0
     assert dying.stats()["requests"] <= 16
+
+
+@pytest.mark.parametrize("mode", ["verify", "ground"])
+def test_grounded_amplification(ray_session, devserver, tmp_path, mode: str) -> None:
+    server = devserver(seed=6, wrong_observation=0.3)
+    out = tmp_path / "out"
+    cfg = recipe(
+        "airline.yaml",
+        out,
+        *dev_overrides(server.url, target=40),
+        f"amplify.grounding={{mode: {mode}}}",
+        "prefilter.enabled=false",
+    )
+    result = run(cfg, out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    g = manifest["grounding"]
+    assert result.totals["accepted"] == 40
+    assert g["trajectories"] == result.totals["total"] - result.totals["failed"]
+    if mode == "verify":
+        assert manifest["reasons"]["postprocess"]["contradicts_executor"] > 0
+        assert g["observations_replaced"] == 0
+    else:
+        assert "contradicts_executor" not in manifest["reasons"].get("postprocess", {})
+        assert g["observations_replaced"] > 0
+    rows = read_rows(out)
+    assert_rows_valid(cfg, rows)
+    for row in rows:
+        meta = json.loads(row["meta"])
+        assert meta["grounding"]["fidelity"] == 1.0 or mode == "ground"
+        assert isinstance(meta["labels"]["delta_size"], int) and "write_calls" not in meta["labels"]
+    # The prompts showed the world: every accepted trajectory is about the scenario's user.
+    assert all(json.loads(r["meta"])["grounding"]["user_id"] for r in rows)
+
+
+def test_trajectory_mixture_on_amplified_output(ray_session, devserver, tmp_path) -> None:
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "name: outcomes\nquotas:\n"
+        "  - {name: completed, outcome: completed, count: 10}\n"
+        "  - {name: transferred, outcome: transferred, count: 4}\n"
+        "  - {name: impossible, outcome: error, count: 3}\n"
+    )
+    server = devserver(seed=7)
+    out = tmp_path / "out"
+    cfg = recipe(
+        "airline.yaml",
+        out,
+        *dev_overrides(server.url, target=60),
+        f"mixture={{path: {mix}}}",
+        "prefilter.enabled=false",
+    )
+    run(cfg, out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    mixture = manifest["mixture"]
+    assert mixture["selected"]["completed"] == 10 and mixture["selected"]["transferred"] == 4
+    assert mixture["shortfall"] == {"impossible": 3}  # reported, not filled from other groups
+    rows = read_rows(out)
+    assert len(rows) == 14 == mixture["written"]
+    outcomes = Counter(json.loads(r["meta"])["labels"]["outcome"] for r in rows)
+    assert outcomes == Counter({"completed": 10, "transferred": 4})
+    assert all("write_calls" in json.loads(r["meta"])["labels"] for r in rows)
+    assert len(read_rows(out, "candidates")) == 60

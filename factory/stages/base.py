@@ -61,6 +61,7 @@ ROW_SCHEMA = pa.schema(
         ("fingerprint", pa.string()),  # system_fingerprint of the serving model
         ("output", pa.string()),  # exported training row (JSON) when accepted
         ("labels", pa.string()),  # stratification labels JSON
+        ("grounding", pa.string()),  # replay result on the executable world (JSON)
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)

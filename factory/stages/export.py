@@ -27,7 +27,7 @@ META_KEYS = (
     "seed_id",
     "variation",
     "labels",
-    "fidelity",
+    "grounding",
 )
 
 

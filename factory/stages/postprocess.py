@@ -1,10 +1,16 @@
 """Completion -> accepted training row, or a reject that keeps the raw completion.
 
 Order: parse (with lossless JSON repair) -> deployment system prompt and the
-domain's tools -> validation (tool schemas, so hallucinated tools are rejected;
-domain rules; LLaMA-Factory structure) -> export. Like Simia's last step, the
-system prompt the model saw while generating is replaced by the one the agent
-will be deployed with.
+domain's tools -> grounding, when the recipe has it (replay every call on the
+executable world; verify rejects a contradiction, ground replaces simulated
+observations) -> validation (tool schemas, so hallucinated tools are rejected;
+domain rules; LLaMA-Factory structure) -> trajectory labels -> export. Like
+Simia's last step, the system prompt the model saw while generating is replaced
+by the one the agent will be deployed with.
+
+Labels: with grounding, ``delta_size`` is the exact |Δ| from the executor;
+without, ``write_calls`` counts successful write calls (a different name, so a
+proxy is never mistaken for an exact label).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from factory.config import RecipeConfig
 from factory.domain import Domain, load_domain
 from factory.errors import RepairError
 from factory.formats.completion import parse_output
+from factory.grounding import apply_mode, replay, scenario_user_id
+from factory.labels import trajectory_labels
+from factory.stages.amplify import grounding_world
 from factory.stages.base import Stage, reject
 from factory.stages.export import sharegpt_row
 from factory.validate import validate
@@ -58,6 +67,10 @@ class PostprocessStage(Stage):
         assert cfg.amplify is not None
         self.domain = load_domain(cfg)
         self.reasoning = cfg.output.reasoning
+        grounding = cfg.amplify.grounding
+        self.mode = grounding.mode if grounding else None
+        self.world = grounding_world(grounding) if grounding else None
+        self.scenario_seed = cfg.amplify.seed
         self.system, self.tools_in_column = deployment_system_prompt(
             self.domain, cfg.amplify.system_prompt_format
         )
@@ -74,10 +87,29 @@ class PostprocessStage(Stage):
             seed_id=row.get("seed_id"),
             generator=row.get("fingerprint"),
         )
+        delta_size = None
+        if self.world is not None and self.mode is not None:
+            scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
+            result = replay(traj, self.world.fresh_env())
+            grounded, info = apply_mode(traj, result, self.mode)  # type: ignore[arg-type]
+            summary = {k: v for k, v in info.items() if k not in ("message", "reason")}
+            row["grounding"] = json.dumps(summary)  # counted for rejected rows too
+            if grounded is None:
+                return reject(
+                    row, self.name, info["reason"], info["message"], raw=row["completion"]
+                )
+            traj = grounded
+            traj.metadata["grounding"] = {**summary, "user_id": scenario_user_id(scenario)}
+            delta_size = info["delta_size"]
         issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
         if issues:
             detail = "; ".join(str(i) for i in issues[:3])
             return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
+        labels = trajectory_labels(
+            traj, write_tools=self.domain.write_tools(), delta_size=delta_size
+        )
+        traj.metadata["labels"] = labels
+        row["labels"] = json.dumps(labels)
         traj.metadata["id"] = traj.content_id()
         out = sharegpt_row(traj, self.reasoning)
         if not self.tools_in_column:
