@@ -7,9 +7,10 @@ Every seed is used once before any is used twice. The first round uses all
 seeds; a later round (issued to replace rejected or failed calls) lists only
 the seeds still below their share ``ceil(target / kept)`` (all seeds once
 every share is met), fewest accepted first, and continues their variation
-numbers, so no request repeats an earlier one. The assignment is a pure function of ``k`` and the round plan (so a
-rerun or a resume makes the same requests) and no list of work items exists
-anywhere: the driver only says which range of ``k`` to issue.
+numbers, so no request repeats an earlier one. The assignment is a pure
+function of ``k`` and the round plan (so a rerun or a resume makes the same
+requests) and no list of work items exists anywhere: the driver only says
+which range of ``k`` to issue.
 """
 
 from __future__ import annotations
