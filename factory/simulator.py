@@ -102,6 +102,14 @@ def check_sample(record: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(record, Mapping):
         raise SampleError(f"a step sample is an object, got {type(record).__name__}")
+    if "tool" not in record and isinstance(record.get("sample"), str):
+        # A row of an envsim run's candidates/ shards: the sample is one JSON column.
+        try:
+            record = json.loads(record["sample"])
+        except ValueError as exc:
+            raise SampleError(f"column sample holds text that is not JSON: {exc}") from None
+        if not isinstance(record, Mapping):
+            raise SampleError("column sample must hold a JSON object")
     sample = dict(record)
     for key in _JSON_COLUMNS:
         if isinstance(sample.get(key), str):

@@ -10,6 +10,7 @@ import datasets
 import pytest
 
 from factory.devserver.simulate import read_simulation, simulate_call
+from factory.evaluate import main as evaluate_main
 from factory.runner import run
 from factory.simulator import parse_prediction
 
@@ -66,7 +67,9 @@ def test_balance2_exact_quotas_loadable_and_exact_labels(ray_session, tmp_path: 
         assert len(target["config_changes"]) == labels["delta_size"]
 
 
-def test_small_mixture_reports_shortfall_instead_of_borrowing(ray_session, tmp_path: Path) -> None:
+def test_small_mixture_reports_shortfall_instead_of_borrowing(
+    ray_session, devserver, tmp_path: Path
+) -> None:
     mix = tmp_path / "m.yaml"
     mix.write_text(
         "name: tiny\nquotas:\n"
@@ -88,3 +91,33 @@ def test_small_mixture_reports_shortfall_instead_of_borrowing(ray_session, tmp_p
     assert result.totals["accepted"] == 20
     assert manifest["episodes"] == 80
     check_alpaca(out)
+    # The candidates are step samples the evaluator reads as they are; a perfect simulator
+    # scores 100%, one that drops a change misses Config Match exactly where Δ is non-empty.
+    for drop, cm in ((0.0, 1.0), (1.0, None)):
+        server = devserver(sim_drop_change=drop)
+        report_dir = tmp_path / f"eval-{drop}"
+        code = evaluate_main(
+            [
+                "--samples",
+                str(out / "candidates"),
+                "--base-url",
+                server.url,
+                "--model",
+                "factory-dev",
+                "--limit",
+                "150",
+                "--out",
+                str(report_dir),
+            ]
+        )
+        assert code == 0
+        report = json.loads((report_dir / "evaluation.json").read_text())
+        overall = report["overall"]
+        assert overall["feedback_match"] == overall["n"] == 150
+        if cm is not None:
+            assert overall["config_match"] == overall["n"]
+        else:  # misses exactly the samples with a state change
+            changed = sum(
+                v["n"] for k, v in report["by_group"].items() if k not in ("Failure", "No-Change")
+            )
+            assert changed > 0 and overall["config_match"] == overall["n"] - changed
