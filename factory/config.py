@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from factory.errors import ConfigError
+from factory.errors import ConfigError, short
 from factory.trajectory import canonical_json
 
 __all__ = [
@@ -333,6 +333,23 @@ def validate_raw(raw: Any) -> None:
         raise _format_error(best)
 
 
+def _load_yaml(text: str, what: str, *, key_path: str) -> Any:
+    """``yaml.safe_load`` with every way it fails on hostile text turned into a ConfigError.
+
+    PyYAML raises more than ``YAMLError``: ``ValueError`` for an impossible date
+    (``2024-13-45``) or an integer longer than Python converts, ``RecursionError``
+    for deep nesting; and a recursive alias (``&a [*a]``) loads as a cycle that no
+    later step (schema, hash, JSON) can walk.
+    """
+    try:
+        value = yaml.safe_load(text)
+        json.dumps(value, default=str, skipkeys=True)  # raises on a cycle
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        detail = short(" ".join(str(exc).split()), 200)
+        raise ConfigError(f"{what} is not valid YAML: {detail}", key_path=key_path) from exc
+    return value
+
+
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set expects key.path=value, got {item!r}", key_path="--set")
@@ -340,10 +357,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set has an empty key in {item!r}", key_path="--set")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"value is not valid YAML: {exc}", key_path=key) from exc
+    parsed = _load_yaml(value, "value", key_path=".".join(parts)) if value.strip() else ""
     return parts, parsed
 
 
@@ -413,11 +427,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeC
     """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror}", key_path="recipe") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"recipe {path} is not valid YAML: {exc}", key_path="recipe") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"recipe {path} is not UTF-8 text: {exc}", key_path="recipe") from exc
+    raw = _load_yaml(text, f"recipe {path}", key_path="recipe")
     if raw is None:
         raw = {}
     if isinstance(raw, dict):
