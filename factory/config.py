@@ -361,6 +361,11 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
+def _is_index(part: str) -> bool:
+    # str.isdigit() is true for "²", which int() refuses: ASCII digits only.
+    return part.isascii() and part.isdigit()
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set key.path=value`` items (values parsed as YAML) to a raw recipe.
 
@@ -373,7 +378,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         for i, part in enumerate(parts[:-1]):
             where = ".".join(parts[: i + 1])
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
+                if not _is_index(part) or int(part) >= len(node):
                     raise ConfigError("no such list index", key_path=where)
                 node = node[int(part)]
             elif isinstance(node, dict):
@@ -384,7 +389,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError("cannot set a key inside a scalar", key_path=where)
         last = parts[-1]
         if isinstance(node, list):
-            if not last.isdigit() or int(last) >= len(node):
+            if not _is_index(last) or int(last) >= len(node):
                 raise ConfigError("no such list index", key_path=".".join(parts))
             node[int(last)] = value
         elif isinstance(node, dict):
