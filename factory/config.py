@@ -294,7 +294,9 @@ def _format_error(err: jsonschema.ValidationError) -> ConfigError:
     v = err.validator
     if v == "additionalProperties":
         allowed = sorted((err.schema.get("properties") or {}).keys())
-        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        # YAML keys may be null, numbers or dates: sort them as text, never by type.
+        instance = err.instance if isinstance(err.instance, dict) else {}
+        extra = sorted((str(k) for k in instance if k not in allowed), key=str)
         key = f"{path}.{extra[0]}" if path and extra else (extra[0] if extra else path)
         return ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=key)
     if v == "required":
