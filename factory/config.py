@@ -313,7 +313,8 @@ def _format_error(err: jsonschema.ValidationError) -> ConfigError:
         )
     if v == "enum" or v == "const":
         allowed = err.schema.get("enum") or [err.schema.get("const")]
-        return ConfigError(f"expected one of {allowed}, got {err.instance!r}", key_path=path)
+        got = short(repr(err.instance), 100)
+        return ConfigError(f"expected one of {allowed}, got {got}", key_path=path or "<root>")
     return ConfigError(err.message[:300], key_path=path or "<root>")
 
 
@@ -354,11 +355,12 @@ def _load_yaml(text: str, what: str, *, key_path: str) -> Any:
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ConfigError(f"--set expects key.path=value, got {item!r}", key_path="--set")
+        message = f"--set expects key.path=value, got {short(item, 80)!r}"
+        raise ConfigError(message, key_path="--set")
     key, _, value = item.partition("=")
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
-        raise ConfigError(f"--set has an empty key in {item!r}", key_path="--set")
+        raise ConfigError(f"--set has an empty key in {short(item, 80)!r}", key_path="--set")
     parsed = _load_yaml(value, "value", key_path=".".join(parts)) if value.strip() else ""
     return parts, parsed
 
