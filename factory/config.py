@@ -427,6 +427,28 @@ def _semantic_checks(cfg: RecipeConfig) -> None:
         )
 
 
+def _input_path(raw: Any, loc: tuple[Any, ...], *, missing: bool) -> str:
+    """The key path of a pydantic error location in the raw recipe.
+
+    Pydantic's locations name union branches (``list[str]``) and dict keys
+    (``[key]``) that are no keys of the input; only steps found in ``raw`` are
+    kept, plus the last one of a missing value.
+    """
+    parts: list[str] = []
+    node = raw
+    for step in loc:
+        if isinstance(node, dict):
+            found = step in node
+        else:
+            found = isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node)
+        if found:
+            node = node[step]
+            parts.append(str(step))
+    if missing and loc:
+        parts.append(str(loc[-1]))
+    return ".".join(parts) or "<root>"
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
     """Read, override, validate and type a recipe.
 
@@ -451,7 +473,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeC
         cfg = RecipeConfig.model_validate(raw)
     except PydanticValidationError as exc:  # the schema should have caught it; keep the path
         first = exc.errors()[0]
-        raise ConfigError(first["msg"], key_path=".".join(map(str, first["loc"]))) from exc
+        key = _input_path(raw, first["loc"], missing=first["type"] == "missing")
+        raise ConfigError(first["msg"], key_path=key) from exc
     cfg._base_dir = path.resolve().parent
     _semantic_checks(cfg)
     return cfg
