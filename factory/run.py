@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print(result.summary())
         return result.exit_code
     except FactoryError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        # One line, always: YAML and jsonschema messages carry line breaks of their own.
+        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
