@@ -289,14 +289,19 @@ def resolve_recipe_path(name: str | Path, cwd: Path | None = None) -> Path:
     raise ConfigError(f"recipe not found (tried {tried})", key_path="recipe")
 
 
+def _key_path(parts: Any) -> str:
+    """Dotted key path; an empty key is written ``""`` so the path never loses a step."""
+    return ".".join(str(p) or '""' for p in parts)
+
+
 def _format_error(err: jsonschema.ValidationError) -> ConfigError:
-    path = ".".join(str(p) for p in err.absolute_path)
+    path = _key_path(err.absolute_path)
     v = err.validator
     if v == "additionalProperties":
         allowed = sorted((err.schema.get("properties") or {}).keys())
         # YAML keys may be null, numbers or dates: sort them as text, never by type.
         instance = err.instance if isinstance(err.instance, dict) else {}
-        extra = sorted((str(k) for k in instance if k not in allowed), key=str)
+        extra = sorted(_key_path([k]) for k in instance if k not in allowed)
         key = f"{path}.{extra[0]}" if path and extra else (extra[0] if extra else path)
         return ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=key)
     if v == "required":
@@ -434,7 +439,7 @@ def _input_path(raw: Any, loc: tuple[Any, ...], *, missing: bool) -> str:
     (``[key]``) that are no keys of the input; only steps found in ``raw`` are
     kept, plus the last one of a missing value.
     """
-    parts: list[str] = []
+    parts: list[Any] = []
     node = raw
     for step in loc:
         if isinstance(node, dict):
@@ -443,10 +448,10 @@ def _input_path(raw: Any, loc: tuple[Any, ...], *, missing: bool) -> str:
             found = isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node)
         if found:
             node = node[step]
-            parts.append(str(step))
+            parts.append(step)
     if missing and loc:
-        parts.append(str(loc[-1]))
-    return ".".join(parts) or "<root>"
+        parts.append(loc[-1])
+    return _key_path(parts) or "<root>"
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
