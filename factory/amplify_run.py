@@ -85,6 +85,23 @@ def rows_per_llm_block(cfg: RecipeConfig) -> int:
     return 4 * llm_batch_size(cfg)
 
 
+def _start_budget(cfg: RecipeConfig) -> Any:
+    """The run's budget actor, when the recipe sets a cap."""
+    from factory.budget import budget_actor
+    from factory.stages.llm_stage import budget_name
+
+    amp = cfg.amplify
+    assert amp is not None
+    if amp.max_cost_usd is None and amp.max_tokens is None and amp.max_calls is None:
+        return None
+    return budget_actor(
+        budget_name(cfg),
+        max_cost_usd=amp.max_cost_usd,
+        max_tokens=amp.max_tokens,
+        max_calls=amp.max_calls,
+    )
+
+
 def amplify_template(cfg: RecipeConfig, domain: Any) -> PromptTemplate:
     """The amplification template the recipe uses (grounded or not)."""
     assert cfg.amplify is not None
@@ -230,6 +247,7 @@ def _call_dataset(
         cfg,
         kept,
         start,
+        plan,
         ray_cfg=cfg.ray,
         is_async=True,
         then=[(build_postprocess, (cfg,))],
@@ -240,6 +258,8 @@ def _call_dataset(
 
 def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
     """Run an ``amplify`` recipe into ``out_dir``."""
+    import ray
+
     from factory.domain import load_domain
     from factory.pipeline import iter_rows
     from factory.raycompat import init_ray
@@ -249,6 +269,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     started = time.time()
     preflight(cfg)
     init_ray()
+    budget = _start_budget(cfg)
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
     phase_start = time.time()
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
@@ -269,7 +290,9 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     cap = math.ceil(target / len(kept))
     calls: Counter[str] = Counter()  # calls made per seed: later rounds continue variations
     fingerprints: set[str] = set()
-    issued, rounds, stopped_by, stalled = 0, 0, None, False
+    # ``next_index``: first call index of the next round; ``issued``: calls actually sent
+    # (a budget cap may leave some of a round's calls unissued).
+    next_index, issued, rounds, stopped_by, stalled = 0, 0, 0, None, False
     with _progress(progress, target, "accepted") as bar:
         while not collector.done:
             used = collector.tokens + judge_tokens  # caps count the judge's spend too
@@ -285,7 +308,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             before = collector.accepted
             round_start = time.time()
             plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
-            for row in iter_rows(_call_dataset(cfg, kept, issued, n, plan)):
+            for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
                 if row.get("seed_id"):
                     calls[row["seed_id"]] += 1
                 if collector.add(row) == "accepted":
@@ -299,9 +322,14 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
                     usd=f"{collector.cost_usd:.2f}",
                     refresh=False,
                 )
-            issued += n
+            next_index += n
+            issued = collector.total
             rounds += 1
             timings["rounds"].append({"calls": n, "seconds": round(time.time() - round_start, 2)})
+            if budget is not None:
+                stopped_by = ray.get(budget.snapshot.remote())["stopped_by"]
+                if stopped_by:
+                    break
             if collector.accepted == before:
                 stalled = True
                 break

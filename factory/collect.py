@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from factory.stages.base import FAILED, OK, REJECTED
+from factory.stages.base import FAILED, OK, REJECTED, UNISSUED
 from factory.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
 __all__ = ["Collector"]
@@ -63,6 +63,9 @@ class Collector:
         self.decided: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> status counts
         self.tokens: Counter[str] = Counter()
         self.cost_usd = 0.0
+        self.paid_usd = 0.0
+        self.replayed = 0
+        self.unissued = 0
         self.grounding: Counter[str] = Counter()
         self.fidelity_sum = 0.0
         self.accepted_labels: list[dict[str, Any]] = []  # (id, labels) for mixture selection
@@ -85,11 +88,19 @@ class Collector:
             usage = json.loads(row["usage"])
             for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
                 self.tokens[key] += int(usage.get(key) or 0)
-        self.cost_usd += float(row.get("cost_usd") or 0.0)
+        cost = float(row.get("cost_usd") or 0.0)
+        self.cost_usd += cost  # what the output cost, whichever run paid for it
+        if row.get("cached"):
+            self.replayed += 1
+        else:
+            self.paid_usd += cost  # what this run paid
 
     # -- rows ------------------------------------------------------------------------------
     def add(self, row: dict[str, Any]) -> str:
-        """File one final row; returns accepted | surplus | rejected | failed."""
+        """File one final row; returns accepted | surplus | rejected | failed | unissued."""
+        if row.get("status") == UNISSUED:  # never sent: a budget cap stopped it
+            self.unissued += 1
+            return UNISSUED
         self._usage(row)
         if row.get("grounding"):
             info = json.loads(row["grounding"])
@@ -155,6 +166,9 @@ class Collector:
             files={"data": self.data.files, "surplus": self.surplus.files},
             tokens=dict(self.tokens),
             cost_usd=round(self.cost_usd, 6),
+            cost_usd_paid_this_run=round(self.paid_usd, 6),
+            responses_from_cache=self.replayed,
+            unissued=self.unissued,
             **extra,
         )
         self.manifest.write(self.out_dir, **totals)

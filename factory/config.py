@@ -31,6 +31,7 @@ from factory.trajectory import canonical_json
 __all__ = [
     "SCHEMA_PATH",
     "AmplifyConfig",
+    "CacheConfig",
     "DomainConfig",
     "EndpointConfig",
     "EnvSimConfig",
@@ -227,6 +228,15 @@ class MixtureConfig(_Strict):
     )
 
 
+class CacheConfig(_Strict):
+    enabled: bool = Field(True, description="Reuse completed LLM responses (never pay twice).")
+    path: str | None = Field(
+        None,
+        description="Cache location: a folder or a pyarrow filesystem URI (s3://...) shared by "
+        "all nodes; default OUTPUT/cache.",
+    )
+
+
 class RecipeConfig(_Strict):
     name: str = Field(description="Recipe name, recorded in the manifest.")
     pipeline: Literal["curate", "amplify", "envsim"] = Field(
@@ -242,6 +252,7 @@ class RecipeConfig(_Strict):
     amplify: AmplifyConfig | None = None
     output: OutputConfig
     ray: RayConfig = Field(default_factory=RayConfig)  # type: ignore[arg-type]
+    cache: CacheConfig = Field(default_factory=CacheConfig)  # type: ignore[arg-type]
     prices: dict[str, PriceConfig] = Field(
         default_factory=dict, description="USD prices per model id, used for cost and planning."
     )

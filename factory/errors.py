@@ -128,8 +128,9 @@ class LLMError(FactoryError):
     retryable = False
     reason = "llm_error"
 
-    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None,
-                 **kw: Any):
+    def __init__(
+        self, message: str, *, endpoint: str | None = None, status: int | None = None, **kw: Any
+    ):
         super().__init__(message, **kw)
         self.endpoint = endpoint
         self.status = status
@@ -177,7 +178,7 @@ class BudgetExceeded(FactoryError):
         self.cap = cap
 
 
-class EnvironmentError_(FactoryError):  # noqa: N801 - avoid shadowing builtin EnvironmentError
+class EnvironmentError_(FactoryError):
     """An executable world refused an action; its text becomes an ``Error: ...`` observation."""
 
     reason = "env_error"

@@ -53,6 +53,16 @@ def _parser() -> argparse.ArgumentParser:
         "LLM call there (optional defects, e.g. malformed_json=0.05,rate_limit=0.1)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over in the output folder (by default a run there is resumed)",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="on a finished output folder: issue the calls that failed again",
+    )
     return p
 
 
@@ -76,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         from factory.runner import run
 
         out_dir = Path(args.output or cfg.output.dir).resolve()
-        result = run(cfg, out_dir, progress=not args.no_progress)
+        result = run(
+            cfg,
+            out_dir,
+            progress=not args.no_progress,
+            fresh=args.fresh,
+            retry_failed=args.retry_failed,
+        )
         print(result.summary())
         return result.exit_code
     except FactoryError as exc:

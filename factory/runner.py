@@ -8,6 +8,7 @@ total rows (seeds for ``curate``; calls for ``amplify``).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,15 +112,36 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     return RunResult(out_dir, totals, manifest_dict, wall_s=time.time() - started)
 
 
-def run(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Run ``cfg`` writing into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(
+    cfg: RecipeConfig,
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    fresh: bool = False,
+    retry_failed: bool = False,
+) -> RunResult:
+    """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
+    folder holds (see ``factory.runstate``)."""
+    from factory.runstate import finish_run, prepare_output
+
+    out_dir = Path(out_dir).resolve()
+    cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
+    mode = prepare_output(cfg, out_dir, fresh=fresh, retry_failed=retry_failed)
+    if mode == "done":
+        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+        result = RunResult(out_dir, manifest.get("totals", {}), manifest)
+        result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
+        return result
     if cfg.pipeline == "curate":
-        return run_curate(cfg, out_dir, progress=progress)
-    if cfg.pipeline == "envsim":
+        result = run_curate(cfg, out_dir, progress=progress)
+    elif cfg.pipeline == "envsim":
         from factory.envsim_run import run_envsim
 
-        return run_envsim(cfg, out_dir, progress=progress)
-    from factory.amplify_run import run_amplify
+        result = run_envsim(cfg, out_dir, progress=progress)
+    else:
+        from factory.amplify_run import run_amplify
 
-    return run_amplify(cfg, out_dir, progress=progress)
+        result = run_amplify(cfg, out_dir, progress=progress)
+    result.extra["mode"] = mode
+    finish_run(cfg, out_dir, stopped_by=result.stopped_by)
+    return result

@@ -43,8 +43,10 @@ def normalize_tool_spec(spec: Any) -> dict[str, Any]:
     Raises:
         ValueError: ``spec`` is not a function spec with a string name.
     """
-    if isinstance(spec, dict) and spec.get("type") == "function" and isinstance(
-        spec.get("function"), dict
+    if (
+        isinstance(spec, dict)
+        and spec.get("type") == "function"
+        and isinstance(spec.get("function"), dict)
     ):
         spec = spec["function"]
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:

@@ -96,6 +96,7 @@ class AmplifyStage(LLMStage):
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
         self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})
         self.client = build_client(cfg, self.model)
+        self.attach(cfg)
         self.start = start
 
     def check_columns(self, row: dict[str, Any]) -> None:

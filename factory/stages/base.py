@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 OK, REJECTED, FAILED = "ok", "rejected", "failed"
+UNISSUED = "unissued"  # a budget cap stopped the call before it was made
 RAW_LIMIT = 4000  # characters of raw input kept on reject rows
 
 ROW_SCHEMA = pa.schema(
@@ -62,6 +63,7 @@ ROW_SCHEMA = pa.schema(
         ("output", pa.string()),  # exported training row (JSON) when accepted
         ("labels", pa.string()),  # stratification labels JSON
         ("grounding", pa.string()),  # replay result on the executable world (JSON)
+        ("cached", pa.bool_()),  # the LLM response came from the cache (paid by an earlier run)
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)

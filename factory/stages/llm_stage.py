@@ -7,8 +7,10 @@ import asyncio
 import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any
 
+from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
 from factory.errors import LLMError
 from factory.llm import (
@@ -21,10 +23,36 @@ from factory.llm import (
     openai_client_factory,
 )
 from factory.llm.http import aiohttp_client_factory
-from factory.stages.base import Stage, fail
+from factory.stages.base import UNISSUED, Stage, fail
 from factory.trajectory import canonical_json
 
 __all__ = ["LLMStage", "build_client", "per_actor_concurrency", "request_id"]
+
+
+def open_cache(cfg: RecipeConfig) -> ResponseCache | None:
+    """The run's response cache (default ``OUTPUT/cache``), or None when disabled."""
+    if not cfg.cache.enabled:
+        return None
+    location = cfg.cache.path or str(Path(cfg.output.dir) / "cache")
+    return ResponseCache(location)
+
+
+def budget_name(cfg: RecipeConfig) -> str:
+    """Name of the run's budget actor (one per output folder)."""
+    digest = hashlib.sha256(str(Path(cfg.output.dir).resolve()).encode()).hexdigest()[:12]
+    return f"factory-budget-{digest}"
+
+
+def find_budget(cfg: RecipeConfig) -> Any:
+    """The run's budget actor, or None when the recipe sets no cap."""
+    amp = cfg.amplify
+    if amp is None or (
+        amp.max_cost_usd is None and amp.max_tokens is None and amp.max_calls is None
+    ):
+        return None
+    import ray
+
+    return ray.get_actor(budget_name(cfg))
 
 
 def per_actor_concurrency(cfg: RecipeConfig) -> int:
@@ -98,10 +126,19 @@ class LLMStage(Stage):
     """Base of stages that make one LLM call per row."""
 
     client: LLMClient
+    cache: ResponseCache | None = None
+    budget: Any = None  # the run's BudgetActor handle, when the recipe has caps
     _loop: asyncio.AbstractEventLoop | None = None
 
+    def attach(self, cfg: RecipeConfig) -> None:
+        """Open this actor's view of the run's response cache and find its budget actor."""
+        self.cache = open_cache(cfg)
+        self.budget = find_budget(cfg)
+
     def close(self) -> None:
-        """Close the client's HTTP sessions on the loop that opened them."""
+        """Close the cache and the client's HTTP sessions (on the loop that opened them)."""
+        if self.cache is not None:
+            self.cache.close()
         loop = self._loop
         if loop is not None and loop.is_running():
             asyncio.run_coroutine_threadsafe(self.client.aclose(), loop).result(timeout=5)
@@ -111,15 +148,40 @@ class LLMStage(Stage):
     async def call(
         self, row: dict[str, Any], messages: list[dict[str, str]], rid: str
     ) -> Completion | None:
-        """Make the call and record it on ``row``; on failure mark the row failed, return None."""
+        """Make the call (or replay it from the cache) and record it on ``row``.
+
+        Returns None when the row failed (after retries) or a budget cap stopped the
+        call before it started (status ``unissued``).
+        """
         self._loop = asyncio.get_running_loop()
         row["request_id"] = rid
-        try:
-            c = await self.client.complete(messages, request_id=rid)
-        except LLMError as exc:
-            row["attempts"] = getattr(exc, "attempts", None)
-            fail(row, self.name, exc.reason, exc.describe())
-            return None
+        record = self.cache.get(rid) if self.cache is not None else None
+        if record is not None:
+            c = completion_from_record(record)
+            row["cached"] = True
+        else:
+            if self.budget is not None and not await self.budget.try_start.remote():
+                row.update(
+                    status=UNISSUED,
+                    stage=self.name,
+                    reason="budget",
+                    message="a budget cap was reached before this call started",
+                )
+                return None
+            try:
+                c = await self.client.complete(messages, request_id=rid)
+            except LLMError as exc:
+                row["attempts"] = getattr(exc, "attempts", None)
+                fail(row, self.name, exc.reason, exc.describe())
+                return None
+            if self.cache is not None:
+                self.cache.put(rid, completion_to_record(c))
+            row["cached"] = False
+        if self.budget is not None:
+            usage = usage_record(c)
+            await self.budget.finish.remote(
+                c.cost_usd, usage["prompt_tokens"] + usage["completion_tokens"]
+            )
         row.update(
             completion=c.text,
             usage=json.dumps(usage_record(c)),

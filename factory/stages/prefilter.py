@@ -49,6 +49,7 @@ class PrefilterStage(LLMStage):
             cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"
         )
         self.client = build_client(cfg, self.model)
+        self.attach(cfg)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
         traj = Trajectory.from_json(row["record"])

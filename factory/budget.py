@@ -1,0 +1,93 @@
+"""Budget caps enforced across every actor: ``max_cost_usd``, ``max_tokens``, ``max_calls``.
+
+Why an actor: the spend is known only when calls complete, on many actors at
+once; sizing rounds on the driver alone would overshoot by up to a round. One
+small named Ray actor holds the running totals; an LLM stage asks it before
+each *new* call (``try_start``) and reports what the call cost (``finish``).
+Once a cap is reached no new call starts, so the spend exceeds the cap by at
+most what the calls already in flight cost.
+
+Cached responses were paid for by an earlier run: they are never refused (they
+cost nothing now) but their recorded cost and tokens count towards the caps,
+so a cap means the total spend behind one output folder, across resumes, and
+raising it and resuming continues exactly where the capped run stopped.
+
+``BudgetState`` is the pure logic (unit-tested without Ray); ``BudgetActor`` is
+the thin Ray wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BudgetActor", "BudgetState", "budget_actor"]
+
+
+@dataclass
+class BudgetState:
+    """Running totals against the caps (``None`` = no cap)."""
+
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    max_calls: int | None = None
+    cost_usd: float = 0.0
+    tokens: int = 0
+    calls: int = 0  # new calls started (cached replays are not calls)
+    refused: int = 0
+    stopped_by: str | None = field(default=None)
+
+    def exhausted(self) -> str | None:
+        """The first cap reached, or None."""
+        if self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+            return "max_cost_usd"
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            return "max_tokens"
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return "max_calls"
+        return None
+
+    def try_start(self) -> bool:
+        """May one more new call start? Counts it when yes."""
+        cap = self.exhausted()
+        if cap is not None:
+            self.stopped_by = self.stopped_by or cap
+            self.refused += 1
+            return False
+        self.calls += 1
+        return True
+
+    def finish(self, cost_usd: float, tokens: int) -> None:
+        """Record a completed call's (or a cached replay's) cost and tokens."""
+        self.cost_usd += float(cost_usd or 0.0)
+        self.tokens += int(tokens or 0)
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class BudgetActor:
+    """Ray actor around ``BudgetState`` (async methods: no thread per call)."""
+
+    def __init__(self, **caps: Any):
+        self.state = BudgetState(**caps)
+
+    async def try_start(self) -> bool:
+        return self.state.try_start()
+
+    async def finish(self, cost_usd: float, tokens: int) -> None:
+        self.state.finish(cost_usd, tokens)
+
+    async def snapshot(self) -> dict[str, Any]:
+        return self.state.snapshot()
+
+
+def budget_actor(name: str, **caps: Any) -> Any:
+    """Create (or replace) the named budget actor of one run on the driver's node."""
+    import ray
+
+    with contextlib.suppress(ValueError):
+        ray.kill(ray.get_actor(name))
+    remote = ray.remote(num_cpus=0)(BudgetActor)
+    return remote.options(name=name).remote(**caps)

@@ -1,0 +1,120 @@
+"""Seed assignment across rounds, round sizing under caps, the budget state, resumability."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from factory.amplify_run import plan_round
+from factory.budget import BudgetState
+from factory.config import load_recipe
+from factory.errors import ConfigError
+from factory.runstate import changed_keys, prepare_output
+from factory.stages.amplify import assign, round_plan, seed_order
+
+from .conftest import ROOT
+
+SEEDS = [f"s{i:02d}" for i in range(7)]
+
+
+def test_first_round_is_round_robin_without_replacement() -> None:
+    order = seed_order(SEEDS, seed=3)
+    assert order == seed_order(list(reversed(SEEDS)), seed=3) != seed_order(SEEDS, seed=4)
+    picks = [assign(k, order) for k in range(20)]
+    uses = Counter(seed for seed, _ in picks)
+    assert max(uses.values()) - min(uses.values()) <= 1  # every seed once before any twice
+    assert len(set(picks)) == 20  # (seed, variation) never repeats
+
+
+def test_later_rounds_favour_seeds_below_their_share_and_never_repeat_a_request() -> None:
+    order = seed_order(SEEDS, seed=0)
+    made = [assign(k, order) for k in range(10)]
+    accepted = {"s00": 3, "s01": 0, "s02": 1}
+    calls = Counter(seed for seed, _ in made)
+    cap = math.ceil(12 / len(SEEDS))  # 2
+    room, base = round_plan(order, accepted, calls, cap)
+    assert "s00" not in room and accepted.get(room[0], 0) == 0  # fewest accepted first
+    assert room.index("s01") < room.index("s02")
+    more = [assign(k, room, base) for k in range(15)]
+    assert not set(made) & set(more) and len(set(more)) == 15
+    # once every share is met, all seeds are used again
+    assert round_plan(order, dict.fromkeys(SEEDS, 5), calls, cap)[0] == sorted(
+        order, key=lambda s: 5
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({"accepted": 0, "issued": 0}, (100, None)),  # first round: one call per row
+        ({"accepted": 45, "issued": 50}, (math.ceil(55 / 0.9 * 1.05) + 2, None)),
+        ({"accepted": 100, "issued": 120}, (0, None)),
+    ],
+)
+def test_round_sizes(kw, expected) -> None:
+    cfg = load_recipe(
+        ROOT / "pipelines/airline.yaml", ["amplify.target=100", "amplify.max_cost_usd=null"]
+    )
+    assert plan_round(cfg, spent_usd=0, tokens=0, **kw) == expected
+
+
+def test_round_sizes_respect_caps() -> None:
+    cfg = load_recipe(
+        ROOT / "pipelines/airline.yaml",
+        ["amplify.target=100", "amplify.max_calls=60", "amplify.max_cost_usd=10"],
+    )
+    assert plan_round(cfg, accepted=40, issued=60, spent_usd=1, tokens=0) == (0, "max_calls")
+    cfg = load_recipe(
+        ROOT / "pipelines/airline.yaml", ["amplify.target=100", "amplify.max_cost_usd=10"]
+    )
+    assert plan_round(cfg, accepted=10, issued=20, spent_usd=10.5, tokens=0) == (0, "max_cost_usd")
+    n, _ = plan_round(cfg, accepted=10, issued=20, spent_usd=8, tokens=0)
+    assert n == 5  # (10 - 8) USD left / 0.4 USD per call so far
+
+
+def test_budget_state_stops_new_calls_at_the_cap() -> None:
+    b = BudgetState(max_cost_usd=1.0)
+    started = 0
+    while b.try_start():
+        started += 1
+        b.finish(0.3, 100)
+    assert started == 4 and b.cost_usd == pytest.approx(1.2) and b.stopped_by == "max_cost_usd"
+    assert BudgetState(max_calls=2).try_start() and not BudgetState(max_calls=0).try_start()
+    t = BudgetState(max_tokens=150)
+    assert t.try_start()
+    t.finish(0, 200)
+    assert not t.try_start() and t.stopped_by == "max_tokens"
+
+
+def test_changed_keys_ignore_resumable_settings() -> None:
+    old = {
+        "amplify": {"target": 10, "seed": 0, "max_cost_usd": 1},
+        "llm": {"model": "a"},
+        "ray": {"actors": 2},
+    }
+    new = {
+        "amplify": {"target": 50, "seed": 1, "max_cost_usd": 9},
+        "llm": {"model": "b"},
+        "ray": {"actors": 4},
+    }
+    assert changed_keys(old, new) == ["amplify.seed", "llm.model"]
+
+
+def test_prepare_output_resume_refuse_fresh_done(tmp_path) -> None:
+    cfg = load_recipe(ROOT / "pipelines/airline-seeds.yaml")
+    out = tmp_path / "o"
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "new"
+    (out / "data").mkdir()
+    (out / "data" / "part-00000.parquet").write_bytes(b"x")
+    (out / "cache").mkdir()
+    (out / "cache" / "w.jsonl").write_text("{}")
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "resume"
+    assert not (out / "data").exists() and (out / "cache" / "w.jsonl").exists()
+    other = load_recipe(ROOT / "pipelines/airline-seeds.yaml", ["output.reasoning=strip"])
+    with pytest.raises(ConfigError) as info:
+        prepare_output(other, out, fresh=False, retry_failed=False)
+    assert info.value.key_path == "output.reasoning" and "--fresh" in str(info.value)
+    assert prepare_output(other, out, fresh=True, retry_failed=False) == "new"
+    assert not (out / "cache").exists()
