@@ -334,6 +334,16 @@ def _format_error(err: jsonschema.ValidationError) -> ConfigError:
     return ConfigError(err.message[:300], key_path=path or "<root>")
 
 
+_RELEVANCE = jsonschema.exceptions.by_relevance()
+
+
+def _relevance(error: jsonschema.ValidationError) -> tuple[Any, ...]:
+    """jsonschema's ranking, with paths compared as text: YAML keys may be numbers or
+    null, and ranking sibling errors compares their paths (TypeError for 0 < "a")."""
+    deeper, path, *rest = _RELEVANCE(error)
+    return (deeper, tuple(str(p) for p in path), *rest)
+
+
 def validate_raw(raw: Any) -> None:
     """Validate a raw recipe mapping against the shipped JSON Schema.
 
@@ -345,10 +355,10 @@ def validate_raw(raw: Any) -> None:
     validator = jsonschema.Draft202012Validator(_shipped_schema())
     errors = list(validator.iter_errors(raw))
     if errors:
-        best = jsonschema.exceptions.best_match(errors)
+        best = jsonschema.exceptions.best_match(errors, key=_relevance)
         # Descend into anyOf branches (optional sections) for the most precise message.
         while best.context:
-            best = jsonschema.exceptions.best_match(best.context)
+            best = jsonschema.exceptions.best_match(best.context, key=_relevance)
         raise _format_error(best)
 
 
