@@ -465,6 +465,8 @@ def _input_path(raw: Any, loc: tuple[Any, ...], *, missing: bool) -> str:
     for step in loc:
         if isinstance(node, dict):
             found = step in node
+            # The input's own key: pydantic reports a YAML key `false` as 0 (False == 0).
+            step = next((k for k in node if k == step), step)
         else:
             found = isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node)
         if found:
