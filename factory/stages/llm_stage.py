@@ -128,12 +128,15 @@ class LLMStage(Stage):
     client: LLMClient
     cache: ResponseCache | None = None
     budget: Any = None  # the run's BudgetActor handle, when the recipe has caps
+    slots: int = 1
+    _slots: asyncio.Semaphore | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, cfg: RecipeConfig) -> None:
         """Open this actor's view of the run's response cache and find its budget actor."""
         self.cache = open_cache(cfg)
         self.budget = find_budget(cfg)
+        self.slots = per_actor_concurrency(cfg)
 
     def close(self) -> None:
         """Close the cache and the client's HTTP sessions (on the loop that opened them)."""
@@ -144,6 +147,12 @@ class LLMStage(Stage):
             asyncio.run_coroutine_threadsafe(self.client.aclose(), loop).result(timeout=5)
         elif loop is None or loop.is_closed():
             asyncio.run(self.client.aclose())
+
+    async def _spend(self, c: Completion) -> None:
+        if self.budget is not None:
+            usage = usage_record(c)
+            tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+            await self.budget.finish.remote(c.cost_usd, tokens)
 
     async def call(
         self, row: dict[str, Any], messages: list[dict[str, str]], rid: str
@@ -160,28 +169,32 @@ class LLMStage(Stage):
             c = completion_from_record(record)
             row["cached"] = True
         else:
-            if self.budget is not None and not await self.budget.try_start.remote():
-                row.update(
-                    status=UNISSUED,
-                    stage=self.name,
-                    reason="budget",
-                    message="a budget cap was reached before this call started",
-                )
-                return None
-            try:
-                c = await self.client.complete(messages, request_id=rid)
-            except LLMError as exc:
-                row["attempts"] = getattr(exc, "attempts", None)
-                fail(row, self.name, exc.reason, exc.describe())
-                return None
-            if self.cache is not None:
-                self.cache.put(rid, completion_to_record(c))
+            # Take a concurrency slot first, then ask the budget: a call is counted
+            # against the caps only when it really starts, so at most the calls in
+            # flight can overshoot a cap.
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.slots)
+            async with self._slots:
+                if self.budget is not None and not await self.budget.try_start.remote():
+                    row.update(
+                        status=UNISSUED,
+                        stage=self.name,
+                        reason="budget",
+                        message="a budget cap was reached before this call started",
+                    )
+                    return None
+                try:
+                    c = await self.client.complete(messages, request_id=rid)
+                except LLMError as exc:
+                    row["attempts"] = getattr(exc, "attempts", None)
+                    fail(row, self.name, exc.reason, exc.describe())
+                    return None
+                if self.cache is not None:  # persisted before anything else can go wrong
+                    self.cache.put(rid, completion_to_record(c))
+                await self._spend(c)  # inside the slot: the next call sees this cost
             row["cached"] = False
-        if self.budget is not None:
-            usage = usage_record(c)
-            await self.budget.finish.remote(
-                c.cost_usd, usage["prompt_tokens"] + usage["completion_tokens"]
-            )
+        if row["cached"]:
+            await self._spend(c)  # paid by an earlier run; counts towards the caps
         row.update(
             completion=c.text,
             usage=json.dumps(usage_record(c)),
