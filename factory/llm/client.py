@@ -35,6 +35,7 @@ from factory.errors import (
     LLMTimeout,
     short,
 )
+from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
 from factory.llm.pricing import Price, cost
@@ -282,7 +283,8 @@ class LLMClient:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._clock = clock
-        self._semaphore = asyncio.Semaphore(concurrency)
+        # Adaptive: halves on 429 / timeout / 5xx or queueing latency, grows back on success.
+        self.limiter = AdaptiveLimiter(concurrency)
         _check_key_isolation(pool.endpoints)
         keys = {e.name: resolve_api_key(e) for e in pool.endpoints}
         self._clients = {e.name: client_factory(e, keys[e.name], timeout_s) for e in pool.endpoints}
@@ -340,8 +342,17 @@ class LLMClient:
         }
 
         async def attempt(_number: int) -> Completion:
-            async with self._semaphore:
-                return await self._attempt(kwargs, tried)
+            await self.limiter.acquire()
+            sent = self._clock()
+            try:
+                completion = await self._attempt(kwargs, tried)
+            except (LLMRateLimited, LLMTimeout):  # the server is overloaded: back off
+                self.limiter.on_overload()
+                raise
+            finally:
+                await self.limiter.release()
+            self.limiter.on_success(self._clock() - sent)
+            return completion
 
         def on_retry(number: int, err: LLMError, delay: float) -> None:
             log.warning(
