@@ -208,3 +208,76 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(
     assert done.returncode == 0, done.stderr[-2000:]
     assert ids(out) == ids(out_ref)
     assert completed_twice(log) == []
+
+
+def test_failed_calls_are_retried_with_retry_failed(ray_session, devserver, tmp_path) -> None:
+    flaky = devserver(seed=15, defects={"server_error": 0.3})
+    out = tmp_path / "o"
+    first = run(
+        recipe(
+            "airline.yaml",
+            out,
+            *dev_overrides(flaky.url, target=40),
+            "llm.retry.max_attempts=1",
+            "prefilter.enabled=false",
+        ),
+        out,
+        progress=False,
+    )
+    assert first.totals["failed"] > 0 and first.totals["accepted"] == 40
+    healthy = devserver(seed=15)  # the endpoints may change between runs of one output
+    again = run(
+        recipe(
+            "airline.yaml",
+            out,
+            *dev_overrides(healthy.url, target=40),
+            "llm.retry.max_attempts=1",
+            "prefilter.enabled=false",
+        ),
+        out,
+        progress=False,
+        retry_failed=True,
+    )
+    assert again.extra["mode"] == "resume"
+    assert again.totals["failed"] == 0 and again.totals["accepted"] == 40
+    assert again.manifest["responses_from_cache"] > 0
+
+
+def test_an_actor_killed_mid_run_is_restarted_and_nothing_is_lost(
+    ray_session, devserver, tmp_path
+) -> None:
+    import threading
+
+    import psutil
+
+    server = devserver(seed=16, latency_ms=100)
+    out = tmp_path / "o"
+    cfg = recipe(
+        "airline.yaml",
+        out,
+        *dev_overrides(server.url, target=150),
+        *SLOW,
+        "prefilter.enabled=false",
+    )
+    killed: list[int] = []
+
+    def kill_one_actor() -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline and not killed:
+            if _cache_entries(out) >= 30:
+                for proc in psutil.process_iter(["cmdline"]):
+                    if "AsyncStageUDF" in " ".join(proc.info["cmdline"] or []):
+                        proc.kill()
+                        killed.append(proc.pid)
+                        return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one_actor)
+    killer.start()
+    result = run(cfg, out, progress=False)
+    killer.join()
+    assert killed, "no amplify actor was found to kill"
+    t = result.totals
+    assert t["accepted"] == 150
+    assert t["accepted"] + t["surplus"] + t["rejected"] + t["failed"] == t["total"]
+    assert len(ids(out)) == 150
