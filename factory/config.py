@@ -344,6 +344,24 @@ def _relevance(error: jsonschema.ValidationError) -> tuple[Any, ...]:
     return (deeper, tuple(str(p) for p in path), *rest)
 
 
+def _check_keys(raw: dict[str, Any]) -> None:
+    """Refuse a mapping key that is not text (YAML ``null:``, ``1:``, ``2024-01-01:``).
+
+    JSON Schema only knows text keys; jsonschema drops a null key from an error's
+    path, so the error would name the wrong field.
+    """
+    todo: list[tuple[list[Any], Any]] = [([], raw)]
+    while todo:
+        path, node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(node, dict) and not isinstance(key, str):
+                got = f"{type(key).__name__} {short(repr(key), 40)}"
+                raise ConfigError(f"keys must be text, got {got}", key_path=_key_path([*path, key]))
+            if isinstance(value, (dict, list)):
+                todo.append(([*path, key], value))
+
+
 def validate_raw(raw: Any) -> None:
     """Validate a raw recipe mapping against the shipped JSON Schema.
 
@@ -352,6 +370,7 @@ def validate_raw(raw: Any) -> None:
     """
     if not isinstance(raw, dict):
         raise ConfigError("a recipe must be a YAML mapping", key_path="<root>")
+    _check_keys(raw)
     validator = jsonschema.Draft202012Validator(_shipped_schema())
     errors = list(validator.iter_errors(raw))
     if errors:
