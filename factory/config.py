@@ -301,8 +301,15 @@ def resolve_recipe_path(name: str | Path, cwd: Path | None = None) -> Path:
 
 
 def _key_path(parts: Any) -> str:
-    """Dotted key path; an empty key is written ``""`` so the path never loses a step."""
-    return ".".join(str(p) or '""' for p in parts)
+    """Dotted key path, one line; a key that is empty, holds a dot, blank or a control
+    character is written as a JSON string (``prices."my model"``) so no step is lost."""
+    return ".".join(_key_step(p) for p in parts)
+
+
+def _key_step(part: Any) -> str:
+    text = str(part)
+    plain = text.isprintable() and not any(c.isspace() or c in '."' for c in text)
+    return text if text and plain else json.dumps(text)
 
 
 def _format_error(err: jsonschema.ValidationError) -> ConfigError:
