@@ -413,7 +413,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set has an empty key in {short(item, 80)!r}", key_path="--set")
-    parsed = _load_yaml(value, "value", key_path=".".join(parts)) if value.strip() else ""
+    parsed = _load_yaml(value, "value", key_path=_key_path(parts)) if value.strip() else ""
     return parts, parsed
 
 
@@ -432,7 +432,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         parts, value = _parse_override(item)
         node: Any = raw
         for i, part in enumerate(parts[:-1]):
-            where = ".".join(parts[: i + 1])
+            where = _key_path(parts[: i + 1])
             if isinstance(node, list):
                 if not _is_index(part) or int(part) >= len(node):
                     raise ConfigError("no such list index", key_path=where)
@@ -446,12 +446,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         last = parts[-1]
         if isinstance(node, list):
             if not _is_index(last) or int(last) >= len(node):
-                raise ConfigError("no such list index", key_path=".".join(parts))
+                raise ConfigError("no such list index", key_path=_key_path(parts))
             node[int(last)] = value
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise ConfigError("cannot set a key inside a scalar", key_path=".".join(parts))
+            raise ConfigError("cannot set a key inside a scalar", key_path=_key_path(parts))
     return raw
 
 
