@@ -159,7 +159,7 @@ class Collector:
         }
         self.manifest.stages = {s: dict(c) for s, c in self.decided.items()}
         if self.grounding:
-            g = dict(self.grounding)
+            g: dict[str, float] = dict(self.grounding)
             g["fidelity"] = round(g["matched"] / g["calls"], 4) if g.get("calls") else 1.0
             self.manifest.extra["grounding"] = g
         self.manifest.extra.update(

@@ -110,7 +110,9 @@ class LLMConfig(_Strict):
     model: str = Field(description="Model id, e.g. gpt-5, o4-mini, or a vLLM served name.")
     endpoints: list[EndpointConfig] = Field(
         default_factory=lambda: [
-            EndpointConfig(base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY")
+            EndpointConfig(
+                base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY", weight=1
+            )
         ],
         min_length=1,
         description="One endpoint, or a pool of OpenAI-compatible servers.",

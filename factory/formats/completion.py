@@ -64,7 +64,8 @@ def _text(value: Any, where: str) -> str:
 def _call(raw: Any, where: str) -> tuple[ToolCall, list[str]]:
     if not isinstance(raw, dict):
         raise RepairError("unparsable_completion", f"{where}: a tool call must be an object")
-    fn = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+    function = raw.get("function")
+    fn: dict[str, Any] = function if isinstance(function, dict) else raw
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise RepairError("unparsable_completion", f"{where}: a tool call needs a name")

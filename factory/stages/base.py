@@ -205,7 +205,7 @@ class StageUDF:
 class AsyncStageUDF(StageUDF):
     """The async variant: Ray Data runs several batches of one actor concurrently."""
 
-    async def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
+    async def __call__(self, batch: pa.Table) -> pa.Table:
         rows = _rows(batch)
         for stage in self.stages:
             if stage.is_async:

@@ -91,7 +91,7 @@ class PostprocessStage(Stage):
         if self.world is not None and self.mode is not None:
             scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
             result = replay(traj, self.world.fresh_env())
-            grounded, info = apply_mode(traj, result, self.mode)  # type: ignore[arg-type]
+            grounded, info = apply_mode(traj, result, self.mode)
             summary = {k: v for k, v in info.items() if k not in ("message", "reason")}
             row["grounding"] = json.dumps(summary)  # counted for rejected rows too
             if grounded is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from factory.domain import Domain
 from factory.errors import SeedError
@@ -52,7 +52,7 @@ class SeedCheckStage(Stage):
         *,
         tools_from_domain: bool = True,
         min_reward: float | None = None,
-        reasoning: str = "keep",
+        reasoning: Literal["keep", "strip"] = "keep",
     ):
         self.domain = domain
         self.default_tools = domain.tools if tools_from_domain else None
