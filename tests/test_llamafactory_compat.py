@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ray
 
 def converted(lf: lfcompat.LF, out: Path) -> tuple[int, list[dict]]:
     info = json.loads((out / "dataset_info.json").read_text())
-    (name, entry), = info.items()
+    ((_, entry),) = info.items()
     attr = lfcompat.DatasetAttr.from_info(entry)
     ds = datasets.load_dataset("parquet", data_dir=str(out / entry["file_name"]), split="train")
     conv = lf.converter.get_dataset_converter(attr.formatting, attr, lfcompat.DataArgs())
