@@ -62,9 +62,12 @@ def test_taubench_trajectories_load_with_zero_drops(
 ) -> None:
     lf = lfcompat.load()
     lfcompat.LOGGER.warnings.clear()
-    cfg = recipe("airline-seeds.yaml", tmp_path,
-                 f"seeds.path={taubench_dir / 'gpt-4o-airline.json'}",
-                 f"output.reasoning={reasoning}")
+    cfg = recipe(
+        "airline-seeds.yaml",
+        tmp_path,
+        f"seeds.path={taubench_dir / 'gpt-4o-airline.json'}",
+        f"output.reasoning={reasoning}",
+    )
     result = run(cfg, tmp_path, progress=False)
     n, rows = converted(lf, tmp_path)
     assert n == result.totals["accepted"] >= 190
