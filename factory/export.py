@@ -22,7 +22,7 @@ off the front of an assistant or function_call value and re-attach it.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -90,7 +90,9 @@ def normalize_mapped(traj: Trajectory) -> tuple[Trajectory, list[int]]:
     out = Trajectory(
         system=traj.system,
         tools=traj.tools,
-        turns=copy.deepcopy(traj.turns),
+        # A shallow copy per turn is enough: only turn fields (content, reasoning) are
+        # rewritten below; tool calls and their arguments are shared, never mutated.
+        turns=[dataclasses.replace(t) for t in traj.turns],
         metadata={**traj.metadata, "repairs": list(traj.metadata.get("repairs") or [])},
     )
     turns: list[Turn] = []

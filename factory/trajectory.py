@@ -34,6 +34,19 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+_tools_memo: list[Any] = [None, ""]
+
+
+def _tools_digest(tools: list[dict[str, Any]]) -> str:
+    """SHA-256 of the canonical tool list, memoised by identity: a pipeline hashes the
+    same (large, never mutated) domain tool list for every row."""
+    if tools is _tools_memo[0]:
+        return str(_tools_memo[1])
+    digest = hashlib.sha256(canonical_json(tools).encode("utf-8")).hexdigest()
+    _tools_memo[:] = [tools, digest]  # keeps a reference, so the identity stays unique
+    return digest
+
+
 def normalize_tool_spec(spec: Any) -> dict[str, Any]:
     """Return the bare function spec ``{name, description, parameters}``.
 
@@ -134,12 +147,13 @@ class Trajectory:
     # --- identity -------------------------------------------------------------------
     def content_id(self) -> str:
         """Stable id from system, tools and turns (24 hex chars of SHA-256)."""
-        body = {
-            "system": self.system,
-            "tools": self.tools,
-            "turns": [t.to_dict() for t in self.turns],
-        }
-        return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()[:24]
+        h = hashlib.sha256()
+        h.update(canonical_json(self.system).encode("utf-8"))
+        h.update(b"\x1e")
+        h.update(_tools_digest(self.tools).encode("ascii"))
+        h.update(b"\x1e")
+        h.update(canonical_json([t.to_dict() for t in self.turns]).encode("utf-8"))
+        return h.hexdigest()[:24]
 
     def conversation_hash(self) -> str:
         """Hash of the turns alone: dedup key that ignores system prompt and tool list."""

@@ -59,14 +59,19 @@ class AdaptiveLimiter:
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
-            await self._cond.wait_for(lambda: self._in_flight < int(self.limit))
+            while self._in_flight >= int(self.limit):
+                await self._cond.wait()
             self._in_flight += 1
 
     async def release(self) -> None:
         assert self._cond is not None
         async with self._cond:
             self._in_flight -= 1
-            self._cond.notify_all()
+            free = int(self.limit) - self._in_flight
+            if free > 0:
+                # Wake only as many waiters as may start: waking all of them on every
+                # release costs O(waiters) per call at hundreds of calls per second.
+                self._cond.notify(free)
 
     def on_success(self, latency_s: float) -> None:
         """A completed call: grow, unless the smoothed latency says the server is queueing."""

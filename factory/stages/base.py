@@ -210,6 +210,6 @@ class AsyncStageUDF(StageUDF):
         for stage in self.stages:
             if stage.is_async:
                 rows = await stage.arun_rows(rows)
-            else:
-                rows = [stage.run_one(r) for r in rows]
+            else:  # CPU work off the event loop, so responses of other batches keep flowing
+                rows = await asyncio.to_thread(stage.run_rows, rows)
         return rows_to_table(rows)
