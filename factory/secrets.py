@@ -128,6 +128,9 @@ def api_key_from_env(var_name: str) -> str | None:
     if not value:
         return None
     register_secret(value)
+    # Every process that holds a key masks it in its logs, Ray workers included
+    # (their clients read the key themselves; the driver's filter never sees them).
+    install_log_redaction()
     return value
 
 
@@ -199,8 +202,9 @@ def install_log_redaction(logger: logging.Logger | None = None) -> RedactingFilt
 
     Logger filters only see records logged on that very logger, while handler
     filters see everything that propagates to them, so both are needed for
-    "every record". Handlers added later need ``handler.addFilter`` too.
-    Idempotent: an existing filter is reused.
+    "every record". On the root logger ``logging.lastResort`` is covered too: it
+    prints when no handler is configured, as in a Ray worker. Handlers added
+    later need ``handler.addFilter`` too. Idempotent: an existing filter is reused.
 
     Returns:
         The installed filter.
@@ -210,7 +214,10 @@ def install_log_redaction(logger: logging.Logger | None = None) -> RedactingFilt
     flt = existing or RedactingFilter()
     if existing is None:
         target.addFilter(flt)
-    for handler in target.handlers:
+    handlers = list(target.handlers)
+    if target is logging.getLogger() and logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for handler in handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(flt)
     return flt
