@@ -5,8 +5,9 @@ environment variable that holds its key (``api_key_env``) and
 ``api_key_from_env`` reads it. Every value read that way is registered in a
 process-wide registry, and ``redact`` replaces registered values (plus the
 obvious disguises a key takes on its way into a log: ``Bearer <key>``, URL- or
-JSON-escaped copies) with ``***``. ``RedactingFilter`` applies that to every log
-record, ``redact_obj`` to JSON-like structures before they are written.
+JSON-escaped copies, a copy cut after 16 or more characters) with ``***``.
+``RedactingFilter`` applies that to every log record, ``redact_obj`` to JSON-like
+structures before they are written.
 
 Redaction is the second line of defence: code must still never put a key into
 a message. It exists because third-party libraries (HTTP clients logging
@@ -46,6 +47,11 @@ PLACEHOLDER_KEY = "EMPTY"
 # Shorter values are too likely to occur in ordinary text ("EMPTY", "test") to be
 # masked everywhere; real provider keys are far longer.
 _MIN_SECRET_LEN = 8
+# A copy cut short (``short()`` truncating a server's echo of the key) still gives
+# most of the key away: a registered value's first 16 characters are masked with
+# whatever key-like text follows them.
+_PREFIX_LEN = 16
+_PREFIX_TAIL = r"[^\s\"'<>]*"
 
 # Belt and braces for keys that were never registered (e.g. typed into a URL by
 # hand): any bearer credential and anything shaped like an OpenAI key.
@@ -108,9 +114,14 @@ def _compiled() -> re.Pattern[str] | None:
     global _pattern
     with _lock:
         if _pattern is None and _secrets:
-            # Longest first so a value never leaves the tail of a longer variant behind.
+            # Longest first so a value never leaves the tail of a longer variant behind;
+            # whole values before truncated ones.
             ordered = sorted(_secrets, key=len, reverse=True)
-            _pattern = re.compile("|".join(re.escape(v) for v in ordered))
+            parts = [re.escape(v) for v in ordered]
+            parts += [
+                re.escape(v[:_PREFIX_LEN]) + _PREFIX_TAIL for v in ordered if len(v) > _PREFIX_LEN
+            ]
+            _pattern = re.compile("|".join(dict.fromkeys(parts)))
         return _pattern
 
 
