@@ -31,6 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from factory.secrets import redact_obj
+
 __all__ = [
     "SHAREGPT_SCHEMA",
     "Manifest",
@@ -123,7 +125,11 @@ class ShardWriter:
 
 
 class RejectWriter:
-    """JSONL shards of rejected and failed rows, one object per line, with reasons."""
+    """JSONL shards of rejected and failed rows, one object per line, with reasons.
+
+    Rows pass through ``redact_obj``: a raw completion or an error message may quote
+    what a server echoed back, the request's key included.
+    """
 
     def __init__(self, out_dir: Path, *, subdir: str = "rejects", shard_rows: int = 5000):
         self.out_dir = Path(out_dir)
@@ -134,7 +140,7 @@ class RejectWriter:
         self._buffer: list[str] = []
 
     def add(self, row: dict[str, Any]) -> None:
-        self._buffer.append(json.dumps(row, ensure_ascii=False, default=str))
+        self._buffer.append(json.dumps(redact_obj(row), ensure_ascii=False, default=str))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
 
@@ -232,6 +238,6 @@ class Manifest:
 
     def write(self, out_dir: Path, **totals: int) -> Path:
         path = Path(out_dir) / "manifest.json"
-        body = json.dumps(self.to_dict(**totals), indent=2, sort_keys=False, default=str)
+        body = json.dumps(redact_obj(self.to_dict(**totals)), indent=2, default=str)
         atomic_write_text(path, body + "\n", Path(out_dir))
         return path
