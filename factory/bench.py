@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -148,6 +149,10 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
     from factory.runner import run
 
     work = Path(tempfile.mkdtemp(prefix="factory-bench-"))
+    # The client keeps a few more requests open than the server serves at once, so the
+    # server's queue, not a gap on the client side, decides when a slot is refilled
+    # (as one would run against a vLLM server).
+    client = args.client_concurrency or math.ceil(1.25 * args.concurrency)
     seeds = make_seeds(args.seeds, work / "seeds.jsonl")
     server, url = _start_server(args.latency_ms, args.concurrency)
     stats_url = url.rsplit("/v1", 1)[0] + "/stats"
@@ -159,8 +164,8 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
                 *devserver_overrides(url),
                 f"seeds.path={seeds}",
                 f"amplify.target={args.target}",
-                f"llm.concurrency={args.concurrency}",
-                f"llm.per_actor_concurrency={-(-args.concurrency // args.actors)}",
+                f"llm.concurrency={client}",
+                f"llm.per_actor_concurrency={-(-client // args.actors)}",
                 f"ray.actors={args.actors}",
                 f"ray.batch_size={args.batch_size}",
                 "amplify.max_cost_usd=null",
@@ -189,6 +194,7 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
         "accepted": accepted,
         "latency_ms": args.latency_ms,
         "concurrency": args.concurrency,
+        "client_concurrency": client,
         "calls": calls,
         "wall_s": round(wall, 1),
         "completions_per_s": round(calls / wall, 1),
@@ -212,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--target", type=int, default=90000)
     a.add_argument("--latency-ms", type=float, default=200.0)
     a.add_argument("--concurrency", type=int, default=64)
+    a.add_argument(
+        "--client-concurrency",
+        type=int,
+        default=None,
+        help="requests the factory keeps open (default 1.25 x --concurrency)",
+    )
     a.add_argument("--actors", type=int, default=2)
     a.add_argument("--batch-size", type=int, default=16)
     a.add_argument("--quiet", action="store_true")
