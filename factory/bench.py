@@ -200,6 +200,13 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
         "completions_per_s": round(calls / wall, 1),
         "limit_per_s": round(limit, 1),
         "ratio_to_limit": round(calls / wall / limit, 3),
+        # The amplification rounds alone (Ray start-up and the seed phase excluded).
+        "amplify_ratio_to_limit": round(
+            manifest["calls"]["issued"]
+            / sum(r["seconds"] for r in manifest["timings"]["rounds"])
+            / limit,
+            3,
+        ),
         "cpu_s_per_1k": round(sampler.factory_cpu_s() / accepted * 1000, 2) if accepted else None,
         "peak_rss_driver_mb": round(sampler.peak_driver / 2**20),
         "peak_rss_worker_mb": round(sampler.peak_worker / 2**20),
