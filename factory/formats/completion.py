@@ -19,6 +19,7 @@ anything truncated mid-value instead of guessing how it ended.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from factory.errors import RepairError
@@ -26,6 +27,10 @@ from factory.repair import parse_arguments, parse_json_value, parse_observation
 from factory.trajectory import ToolCall, Trajectory, Turn
 
 __all__ = ["parse_output", "render_output"]
+
+# "\ud800" is valid JSON but half a UTF-16 pair: no UTF-8 text (Arrow, hashes) holds it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def render_output(traj: Trajectory) -> dict[str, Any]:
@@ -87,6 +92,8 @@ def parse_output(text: str) -> Trajectory:
         value, repaired = parse_json_value(text)
     except RepairError as exc:
         raise RepairError("unparsable_completion", f"no JSON trajectory: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(text) and _SURROGATE.search(json.dumps(value, ensure_ascii=False)):
+        raise RepairError("unparsable_completion", "a lone surrogate escape is not Unicode text")
     repairs = ["completion:json_repair"] if repaired else []
     if isinstance(value, list):
         value = {"messages": value}
