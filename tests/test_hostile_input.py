@@ -357,6 +357,7 @@ def test_injected_seeds_are_amplified_as_data(
         # The judge would pass these seeds; the devserver cannot tell its prompt apart
         # (see the xfail test above), so the judge is off here.
         "prefilter.enabled=false",
+        "ray.actors=1",
     ]
     argv = [str(AMPLIFY), "-o", str(out), "--no-progress"]
     for item in overrides:
@@ -375,3 +376,50 @@ def test_injected_seeds_are_amplified_as_data(
     injected = {traj.id for traj in _injected()}
     used = {json.loads(r["meta"])["seed_id"] for r in read_rows(out)}
     assert injected <= used, "every injected seed was amplified like any other"
+
+
+# --- hostile model output ------------------------------------------------------------------
+
+
+def _completion(user: str = "hi", arguments: Any = None, name: str = "get_user_details") -> str:
+    args = arguments if arguments is not None else {"user_id": "lena_okafor_7314"}
+    return json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": user},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"name": name, "arguments": args}],
+                },
+                {"role": "tool", "name": name, "content": "{}"},
+                {"role": "assistant", "content": "Done."},
+            ]
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("completion", "reason"),
+    [
+        (_completion(user="\ud800 half a pair"), "unparsable_completion"),
+        ('{"messages": ' + "[" * 10_000 + "]" * 10_000 + "}", "unparsable_completion"),
+        (_completion(name="x" * 100_000), "unknown_tool"),
+        (
+            _completion(arguments={"user_id": "x", "extra": json.loads(_nest(300))}),
+            "unknown_argument",
+        ),
+        (_completion(arguments=["lena"]), "arguments_not_object"),
+        ("\x00" * 1000, "unparsable_completion"),
+        (BREAKOUT, "unparsable_completion"),
+    ],
+    ids=["surrogate", "deep", "tool_name_100k", "deep_argument", "arguments_list", "nul", "fence"],
+)
+def test_hostile_completion_is_a_reject_with_a_reason(completion: str, reason: str) -> None:
+    from factory.stages.base import make_row
+    from factory.stages.postprocess import PostprocessStage
+
+    stage = PostprocessStage(load_recipe(AMPLIFY))
+    row = stage.run_one(make_row(completion=completion, call_index=0, seed_id="s", source="s#0"))
+    assert (row["status"], row["reason"]) == ("rejected", reason), row["message"]
+    assert len(row["message"]) <= 600 and len(row["raw"]) <= 4_100
