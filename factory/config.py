@@ -353,22 +353,32 @@ def _relevance(error: jsonschema.ValidationError) -> tuple[Any, ...]:
     return (deeper, tuple(str(p) for p in path), *rest)
 
 
-def _check_keys(raw: dict[str, Any]) -> None:
-    """Refuse a mapping key that is not text (YAML ``null:``, ``1:``, ``2024-01-01:``).
+_JSON_LEAVES = (str, int, float, bool, type(None))
 
-    JSON Schema only knows text keys; jsonschema drops a null key from an error's
-    path, so the error would name the wrong field.
+
+def _check_json_data(raw: dict[str, Any]) -> None:
+    """Refuse what YAML has and JSON has not: a key that is not text (``null:``, ``1:``)
+    or a value that is bytes (``!!binary``), a date or a set.
+
+    JSON Schema only knows JSON: jsonschema drops a null key from an error's path
+    (naming the wrong field), and free-form sections (``llm.sampling``) would pass
+    bytes or a date on to the config hash and the request body, which cannot
+    encode them.
     """
     todo: list[tuple[list[Any], Any]] = [([], raw)]
     while todo:
         path, node = todo.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
+            where = [*path, key]
             if isinstance(node, dict) and not isinstance(key, str):
                 got = f"{type(key).__name__} {short(repr(key), 40)}"
-                raise ConfigError(f"keys must be text, got {got}", key_path=_key_path([*path, key]))
+                raise ConfigError(f"keys must be text, got {got}", key_path=_key_path(where))
             if isinstance(value, (dict, list)):
-                todo.append(([*path, key], value))
+                todo.append((where, value))
+            elif not isinstance(value, _JSON_LEAVES):
+                got = f"{type(value).__name__} {short(repr(value), 40)}"
+                raise ConfigError(f"not a JSON value: {got}", key_path=_key_path(where))
 
 
 def validate_raw(raw: Any) -> None:
@@ -379,7 +389,7 @@ def validate_raw(raw: Any) -> None:
     """
     if not isinstance(raw, dict):
         raise ConfigError("a recipe must be a YAML mapping", key_path="<root>")
-    _check_keys(raw)
+    _check_json_data(raw)
     validator = jsonschema.Draft202012Validator(_shipped_schema())
     errors = list(validator.iter_errors(raw))
     if errors:
