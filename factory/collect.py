@@ -44,6 +44,7 @@ class Collector:
         per_seed_cap: int | None = None,
         dedup: bool = True,
         data_subdir: str = "data",
+        keep_labels: bool = False,
     ):
         self.out_dir = Path(out_dir)
         self.manifest = manifest
@@ -68,7 +69,9 @@ class Collector:
         self.unissued = 0
         self.grounding: Counter[str] = Counter()
         self.fidelity_sum = 0.0
-        self.accepted_labels: list[dict[str, Any]] = []  # (id, labels) for mixture selection
+        # (id, labels) of accepted rows, kept only when a mixture will select from them.
+        self.keep_labels = keep_labels
+        self.accepted_labels: list[dict[str, Any]] = []
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -133,7 +136,7 @@ class Collector:
                 self.data.add(out)
                 self.per_seed[seed] += 1
                 kind = ACCEPTED
-                if row.get("labels"):
+                if self.keep_labels and row.get("labels"):
                     self.accepted_labels.append({"id": key, "labels": json.loads(row["labels"])})
             self.decided[row.get("stage") or "?"][kind] += 1
         else:
