@@ -49,8 +49,8 @@ def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[s
         raise ConfigError(
             f"cannot read tools file {path}: {exc.strerror}", key_path=key_path
         ) from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"tools file {path} is not JSON: {exc}", key_path=key_path) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"tools file {path} is not JSON text: {exc}", key_path=key_path) from exc
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"tools file {path} must hold a non-empty list", key_path=key_path)
     tools, kinds = [], {}
@@ -84,14 +84,18 @@ def load_domain(cfg: RecipeConfig) -> Domain:
     if d.policy:
         try:
             policy = cfg.resolve(d.policy).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read policy: {exc.strerror}", key_path="domain.policy"
-            ) from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read policy: {exc}", key_path="domain.policy") from exc
     rules = None
     if d.rules:
         rules_path = cfg.resolve(d.rules)
         if not rules_path.is_file():
             raise ConfigError(f"rules file {rules_path} not found", key_path="domain.rules")
-        rules = DomainRules.load(rules_path)
+        try:
+            rules = DomainRules.load(rules_path)
+        except ConfigError as exc:  # name the recipe field, then where in the file
+            where = f" ({exc.key_path})" if exc.key_path else ""
+            raise ConfigError(f"{rules_path}{where}: {exc}", key_path="domain.rules") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{rules_path} is not text: {exc}", key_path="domain.rules") from exc
     return Domain(name=d.name, tools=tools, policy=policy, rules=rules, kinds=kinds)

@@ -66,6 +66,9 @@ class Prompt:
         return estimate_tokens(self.messages[0]["content"][: self.static_chars])
 
 
+_LINE_BREAKS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
+
+
 @lru_cache(maxsize=32)
 def _environment(folder: str) -> jinja2.Environment:
     return jinja2.Environment(
@@ -84,7 +87,7 @@ class PromptTemplate:
             raise ConfigError(f"prompt template {path} not found", key_path=key_path)
         try:
             self.template = _environment(str(path.parent)).get_template(path.name)
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, UnicodeDecodeError) as exc:
             raise ConfigError(f"template {path.name}: {exc}", key_path=key_path) from exc
         for block in ("system", "user"):
             if block not in self.template.blocks:
@@ -104,6 +107,10 @@ class PromptTemplate:
         grounded template).
         """
         reference_json = json.dumps(render_output(reference), indent=1, ensure_ascii=False)
+        # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
+        # letting a seed start a line of its own inside the prompt.
+        for raw, escaped in _LINE_BREAKS:
+            reference_json = reference_json.replace(raw, escaped)
         user = self._block(
             "user",
             variation=variation + 1,

@@ -318,39 +318,10 @@ _UNTRANSLATED = "UnicodeDecodeError escapes as an internal error (exit 1)"
 @pytest.mark.parametrize(
     ("key", "content"),
     [
-        pytest.param(
-            "domain.tools",
-            "binary",
-            marks=pytest.mark.xfail(
-                strict=True, raises=UnicodeDecodeError, reason=f"factory/domain.py: {_UNTRANSLATED}"
-            ),
-        ),
-        pytest.param(
-            "domain.policy",
-            "binary",
-            marks=pytest.mark.xfail(
-                strict=True, raises=UnicodeDecodeError, reason=f"factory/domain.py: {_UNTRANSLATED}"
-            ),
-        ),
-        pytest.param(
-            "amplify.prompt",
-            "binary",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=UnicodeDecodeError,
-                reason=f"factory/prompts.py PromptTemplate: {_UNTRANSLATED}",
-            ),
-        ),
-        pytest.param(
-            "domain.rules",
-            "binary",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="factory/rules.py DomainRules.load raises ConfigError without a key "
-                "path; load_domain should name domain.rules",
-            ),
-        ),
+        ("domain.tools", "binary"),
+        ("domain.policy", "binary"),
+        ("amplify.prompt", "binary"),
+        ("domain.rules", "binary"),
         ("domain.tools", "folder"),
         ("domain.policy", "folder"),
         ("domain.rules", "folder"),

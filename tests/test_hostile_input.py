@@ -311,12 +311,6 @@ def test_injected_seed_stays_inside_the_json_block(template: str) -> None:
         assert BREAKOUT not in prompt.text, "injected text appears only JSON-encoded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="factory/prompts.py PromptTemplate.render dumps the reference with ensure_ascii=False "
-    "and leaves U+2028/U+2029/U+0085 raw: for str.splitlines (and some renderers) a seed "
-    "still starts a line with the heading; escape them as \\u2028 ... in reference_json",
-)
 def test_unicode_line_separators_cannot_forge_a_heading() -> None:
     cfg = load_recipe(AMPLIFY)
     assert cfg.amplify is not None
@@ -326,12 +320,6 @@ def test_unicode_line_separators_cannot_forge_a_heading() -> None:
         assert [line for line in user.splitlines() if line.startswith("###")] == [HEADING]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="factory/devserver/simulate.py prompt_kind tests `AMPLIFY_MARKER in text`, not a "
-    "line: a judge prompt whose seed mentions the amplify heading is answered as an "
-    "amplification (the seed then fails the pre-filter as unparsable_completion)",
-)
 def test_devserver_tells_a_judge_prompt_with_an_injected_heading_apart() -> None:
     cfg = load_recipe(AMPLIFY)
     tmpl = PromptTemplate(cfg.resolve(cfg.prefilter.prompt), load_domain(cfg))
@@ -354,9 +342,6 @@ def test_injected_seeds_are_amplified_as_data(
         "llm.timeout_s=20",
         "llm.retry.base_delay_s=0.05",
         "amplify.max_cost_usd=null",
-        # The judge would pass these seeds; the devserver cannot tell its prompt apart
-        # (see the xfail test above), so the judge is off here.
-        "prefilter.enabled=false",
         "ray.actors=1",
     ]
     argv = [str(AMPLIFY), "-o", str(out), "--no-progress"]

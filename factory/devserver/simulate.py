@@ -154,12 +154,14 @@ def prompt_kind(messages: list[Any]) -> str:
     Returns:
         ``"amplify"``, ``"judge"``, ``"simulate"`` or ``"other"``.
     """
-    text = last_user_text(messages)
-    if AMPLIFY_MARKER in text:
+    # A marker counts only as a line of its own: a seed quoting a heading inside its
+    # (JSON-escaped) text cannot change what kind of prompt it is.
+    lines = set(last_user_text(messages).splitlines())
+    if AMPLIFY_MARKER in lines:
         return "amplify"
-    if JUDGE_MARKER in text:
+    if JUDGE_MARKER in lines:
         return "judge"
-    if SIM_MARKER in text:
+    if SIM_MARKER in lines:
         return "simulate"
     return "other"
 

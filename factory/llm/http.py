@@ -86,7 +86,7 @@ class HTTPChatClient:
         try:
             return _namespace(json.loads(raw))
         except ValueError as exc:
-            text = short(raw.decode("utf-8", "replace"), 120)
+            text = short(redact(raw.decode("utf-8", "replace")), 120)
             raise LLMServerError(
                 f"{self.name}: unusable response (not JSON): {text}", endpoint=self.name
             ) from exc

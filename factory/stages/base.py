@@ -130,7 +130,7 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
     def _guard(self, row: dict[str, Any], exc: Exception) -> dict[str, Any]:
         if isinstance(exc, FactoryError) and exc.stage == self.name and "needs column" in str(exc):
             raise exc  # a wiring bug, not a data problem: stop loudly
-        reason = getattr(exc, "reason", None) or "internal_error"
+        reason = (exc.reason if isinstance(exc, FactoryError) else None) or "internal_error"
         desc = exc.describe() if isinstance(exc, FactoryError) else f"{type(exc).__name__}: {exc}"
         return fail(row, self.name, reason, desc)
 

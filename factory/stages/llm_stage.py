@@ -4,6 +4,7 @@ and recording a completion (or its failure) on the row."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ from factory.llm import (
     openai_client_factory,
 )
 from factory.llm.http import aiohttp_client_factory
+from factory.secrets import redact
 from factory.stages.base import UNISSUED, Stage, fail
 from factory.trajectory import canonical_json
 
@@ -185,6 +187,12 @@ class LLMStage(Stage):
                     return None
                 try:
                     c = await self.client.complete(messages, request_id=rid)
+                    # A model may echo a secret it was shown; it never reaches a file.
+                    c = dataclasses.replace(
+                        c,
+                        text=redact(c.text),
+                        reasoning=redact(c.reasoning) if c.reasoning else None,
+                    )
                 except LLMError as exc:
                     row["attempts"] = getattr(exc, "attempts", None)
                     fail(row, self.name, exc.reason, exc.describe())
