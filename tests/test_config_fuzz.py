@@ -312,9 +312,6 @@ def test_cli_exits_2_with_one_line_naming_the_key(offline: None, items: list[str
     assert names_input_path(message, BASE, ["seeds.limit=1", *items]), message[:300]
 
 
-_UNTRANSLATED = "UnicodeDecodeError escapes as an internal error (exit 1)"
-
-
 @pytest.mark.parametrize(
     ("key", "content"),
     [
