@@ -138,16 +138,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     data.close()
     if selection.shortfall and not mx.allow_shortfall:
         raise SeedError("shortfall", f"mixture quotas not met: {selection.shortfall}")
-    return {
-        "name": mixture.name,
-        "wanted": selection.wanted,
-        "selected": selection.counts,
-        "available": selection.available,
-        "shortfall": selection.shortfall,
-        "excluded": selection.excluded,
-        "written": data.rows_written,
-        "report": selection.report(),
-    }
+    return {**selection.summary(), "written": data.rows_written, "report": selection.report()}
 
 
 def preflight(cfg: RecipeConfig) -> None:

@@ -216,15 +216,7 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     manifest.extra.update(
         pipeline="envsim",
         episodes=episodes,
-        mixture={
-            "name": mixture.name,
-            "wanted": selection.wanted,
-            "selected": selection.counts,
-            "available": selection.available,
-            "shortfall": selection.shortfall,
-            "excluded": selection.excluded,
-            "groups": dict(groups),
-        },
+        mixture={**selection.summary(), "groups": dict(groups)},
         files={"data": data.files, "candidates": candidates.files},
     )
     manifest.write(out_dir, **totals)

@@ -535,6 +535,17 @@ class Selection:
             "invalid": self.invalid,
         }
 
+    def summary(self) -> dict[str, Any]:
+        """The per-quota outcome for a run manifest (no ids)."""
+        return {
+            "name": self.mixture,
+            "wanted": self.wanted,
+            "selected": self.counts,
+            "available": self.available,
+            "shortfall": self.shortfall,
+            "excluded": self.excluded,
+        }
+
     def report(self) -> str:
         """A short table: per quota wanted / selected / available / coverage / shortfall."""
         total_wanted = sum(self.wanted.values())
