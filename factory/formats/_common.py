@@ -88,6 +88,18 @@ def message_list(record: dict[str, Any]) -> tuple[str, list[Any]]:
     return key, decode_list(record, key)
 
 
+def record_system(record: dict[str, Any]) -> str:
+    """The record's ``system`` field: a string, or empty when absent.
+
+    Raises:
+        SeedFormatError: ``bad_field_type`` when it is anything else.
+    """
+    system = record.get("system") or ""
+    if not isinstance(system, str):
+        raise fail("bad_field_type", "system: expected a string")
+    return system
+
+
 def parse_tools(raw: Any, default_tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Normalised tool specs from a JSON string or list; ``default_tools`` when absent."""
     if raw is None or raw == "" or raw == []:

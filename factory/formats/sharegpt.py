@@ -25,6 +25,7 @@ from factory.formats._common import (
     message_list,
     observation,
     parse_tools,
+    record_system,
     split_think,
     tool_turn,
 )
@@ -96,9 +97,7 @@ def parse(
             malformed_arguments, arguments_not_object, malformed_observation, ...).
     """
     key, conv = message_list(record)
-    system = record.get("system") or ""
-    if not isinstance(system, str):
-        raise fail("bad_field_type", "system: expected a string")
+    system = record_system(record)
     tools = parse_tools(record.get("tools"), default_tools)
     turns: list[Turn] = []
     repairs: list[str] = []
