@@ -3,9 +3,10 @@
 Phase 1 streams every seed through the rule checks and the LLM judge; the
 kept seeds (a few thousand records) are gathered on the driver because every
 amplification actor needs them. Phase 2 issues calls in rounds: the first
-round asks for ``target / expected_yield`` calls, each later one for what is
-still missing divided by the yield observed so far, so the number of calls
-follows the real yield. It stops when the target is reached, when a cap
+round asks for one call per missing row, each later one for what is still
+missing divided by the yield observed so far (plus 5%), so the number of calls
+follows the real yield (``expected_yield`` only serves the dry-run plan). It
+stops when the target is reached, when a cap
 (``max_calls``, ``max_cost_usd``, ``max_tokens``) leaves no room for another
 call, or when a whole round accepted nothing (so a dead endpoint cannot burn
 the budget), and says which.
@@ -26,6 +27,7 @@ from factory.errors import SeedError
 from factory.mixture import Mixture, select
 from factory.prompts import PromptTemplate, estimate_tokens
 from factory.runner import RunResult, _progress
+from factory.stages.amplify import amplify_template
 from factory.stages.base import FAILED, OK, REJECTED
 from factory.writer import Manifest, RejectWriter, ShardWriter
 
@@ -105,16 +107,6 @@ def _start_budget(cfg: RecipeConfig) -> Any:
     )
 
 
-def amplify_template(cfg: RecipeConfig, domain: Any) -> PromptTemplate:
-    """The amplification template the recipe uses (grounded or not)."""
-    assert cfg.amplify is not None
-    if cfg.amplify.grounding is not None:
-        path, key = cfg.amplify.grounding.prompt, "amplify.grounding.prompt"
-    else:
-        path, key = cfg.amplify.prompt, "amplify.prompt"
-    return PromptTemplate(cfg.resolve(path), domain, key_path=key)
-
-
 def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
     """With a recipe mixture: choose from the accepted candidates and copy them to data/."""
     import pyarrow.parquet as pq
@@ -141,7 +133,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     return {**selection.summary(), "written": data.rows_written, "report": selection.report()}
 
 
-def preflight(cfg: RecipeConfig) -> None:
+def preflight(cfg: RecipeConfig) -> PromptTemplate:
     """Build on the driver what every actor will build, so a recipe error (missing key,
     bad sampling option, broken template) stops the run with its key path before any
     Ray work, instead of surfacing as a dead actor."""
@@ -150,7 +142,7 @@ def preflight(cfg: RecipeConfig) -> None:
 
     assert cfg.llm is not None and cfg.amplify is not None
     domain = load_domain(cfg)
-    amplify_template(cfg, domain)
+    template = amplify_template(cfg, domain)
     if cfg.amplify.grounding is not None:
         from factory.stages.amplify import grounding_world
 
@@ -163,6 +155,7 @@ def preflight(cfg: RecipeConfig) -> None:
         models.add(cfg.prefilter.model or cfg.llm.model)
     for model in sorted(models):
         build_client(cfg, model)  # resolves keys and sampling; opens no connection
+    return template
 
 
 def _collect_seeds(
@@ -180,7 +173,13 @@ def _collect_seeds(
     if cfg.prefilter.enabled:
         ds = ds.repartition(target_num_rows_per_block=rows_per_llm_block(cfg))
         ds = map_stage(
-            ds, build_prefilter, cfg, ray_cfg=cfg.ray, is_async=True, max_concurrent_batches=4
+            ds,
+            build_prefilter,
+            cfg,
+            ray_cfg=cfg.ray,
+            is_async=True,
+            batch_size=llm_batch_size(cfg),
+            max_concurrent_batches=4,
         )
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
     failed = RejectWriter(out_dir, subdir="failed/seeds")
@@ -257,14 +256,13 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     """Run an ``amplify`` recipe into ``out_dir``."""
     import ray
 
-    from factory.domain import load_domain
     from factory.pipeline import iter_rows
     from factory.raycompat import init_ray
     from factory.stages.amplify import round_plan, seed_order
 
     assert cfg.amplify is not None and cfg.llm is not None
     started = time.time()
-    preflight(cfg)
+    template = preflight(cfg)
     init_ray()
     budget = _start_budget(cfg)
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
@@ -331,7 +329,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             if collector.accepted == before:
                 stalled = True
                 break
-    static = estimate_tokens(amplify_template(cfg, load_domain(cfg)).static)
+    static = estimate_tokens(template.static)
     prompt_tokens = collector.tokens["prompt_tokens"]
     reached = collector.accepted >= target
     amplify_tokens = dict(collector.tokens)

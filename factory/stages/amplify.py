@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
-from factory.domain import load_domain
+from factory.domain import Domain, load_domain
 from factory.grounding import render_scenario
 from factory.prompts import PromptTemplate
 from factory.stages.llm_stage import LLMStage, build_client, request_id
@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     from factory.config import GroundingConfig
     from factory.grounding import GroundingWorld
 
-__all__ = ["AmplifyStage", "assign", "grounding_world", "round_plan", "seed_order"]
+__all__ = [
+    "AmplifyStage",
+    "amplify_template",
+    "assign",
+    "grounding_world",
+    "round_plan",
+    "seed_order",
+]
 
 
 @lru_cache(maxsize=4)
@@ -73,6 +80,16 @@ def round_plan(
     return room, {s: calls.get(s, 0) for s in room}
 
 
+def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
+    """The amplification template the recipe uses (the grounded one when grounding is on)."""
+    assert cfg.amplify is not None
+    if cfg.amplify.grounding is not None:
+        path, key = cfg.amplify.grounding.prompt, "amplify.grounding.prompt"
+    else:
+        path, key = cfg.amplify.prompt, "amplify.prompt"
+    return PromptTemplate(cfg.resolve(path), domain, key_path=key)
+
+
 class AmplifyStage(LLMStage):
     name = "amplify"
     requires = ("call_index",)
@@ -88,9 +105,7 @@ class AmplifyStage(LLMStage):
         self.model = cfg.llm.model
         self.sampling = dict(cfg.llm.sampling)
         grounding = cfg.amplify.grounding
-        prompt_path = grounding.prompt if grounding else cfg.amplify.prompt
-        key = "amplify.grounding.prompt" if grounding else "amplify.prompt"
-        self.template = PromptTemplate(cfg.resolve(prompt_path), load_domain(cfg), key_path=key)
+        self.template = amplify_template(cfg, load_domain(cfg))
         self.world = grounding_world(grounding) if grounding else None
         self.scenario_seed = cfg.amplify.seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
