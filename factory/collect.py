@@ -38,26 +38,20 @@ class Collector:
         *,
         dataset_name: str,
         shard_rows: int = 5000,
-        formatting: str = "sharegpt",
-        schema: Any = None,
         target: int | None = None,
         per_seed_cap: int | None = None,
-        dedup: bool = True,
         data_subdir: str = "data",
         keep_labels: bool = False,
     ):
         self.out_dir = Path(out_dir)
         self.manifest = manifest
         self.dataset_name = dataset_name
-        self.formatting = formatting
-        kw = {"schema": schema} if schema is not None else {}
-        self.data = ShardWriter(self.out_dir, subdir=data_subdir, shard_rows=shard_rows, **kw)
-        self.surplus = ShardWriter(self.out_dir, subdir="surplus", shard_rows=shard_rows, **kw)
+        self.data = ShardWriter(self.out_dir, subdir=data_subdir, shard_rows=shard_rows)
+        self.surplus = ShardWriter(self.out_dir, subdir="surplus", shard_rows=shard_rows)
         self.rejects = RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows)
         self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
         self.target = target
         self.per_seed_cap = per_seed_cap
-        self.dedup = dedup
         self.seen: set[str] = set()
         self.per_seed: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
@@ -68,7 +62,6 @@ class Collector:
         self.replayed = 0
         self.unissued = 0
         self.grounding: Counter[str] = Counter()
-        self.fidelity_sum = 0.0
         # (id, labels) of accepted rows, kept only when a mixture will select from them.
         self.keep_labels = keep_labels
         self.accepted_labels: list[dict[str, Any]] = []
@@ -114,7 +107,7 @@ class Collector:
         status = row.get("status")
         if status == OK:
             key = row.get("id") or ""
-            if self.dedup and key in self.seen:
+            if key in self.seen:
                 row = {
                     **row,
                     "status": REJECTED,
@@ -152,7 +145,7 @@ class Collector:
         """Flush everything; write dataset_info.json and manifest.json. Returns the totals."""
         for w in (self.data, self.surplus, self.rejects, self.failed):
             w.close()
-        write_dataset_info(self.out_dir, self.dataset_name, formatting=self.formatting)
+        write_dataset_info(self.out_dir, self.dataset_name)
         totals = {
             "total": self.total,
             "accepted": self.counts[ACCEPTED],
