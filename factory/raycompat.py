@@ -26,14 +26,15 @@ def init_ray() -> None:
     a local one. Secrets are never put into the runtime environment or job metadata:
     workers inherit the driver's environment variables on a local cluster, and on a
     remote cluster the recipe names variables that the cluster must provide."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(include_dashboard=False, log_to_driver=True)
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=True)
+    # Applied on every call, also when the caller started Ray itself (tests, notebooks):
+    # determinism must not depend on who called ray.init().
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows one factory-level bar instead
     ctx.print_on_execution_start = False
