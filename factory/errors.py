@@ -52,6 +52,10 @@ EXIT_INTERNAL = 1
 EXIT_CONFIG = 2
 EXIT_INPUT = 3
 EXIT_BUDGET = 4
+EXIT_INCOMPLETE = 5  # stopped before the target for another reason (no progress, calls failing)
+EXIT_LOCKED = 6  # another run holds the output folder
+EXIT_WRITE = 7  # an output or cache write failed (disk full, read-only): the message names the path
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the folder is left resumable
 
 
 def short(value: Any, limit: int = 200) -> str:
