@@ -1,4 +1,13 @@
-"""``python -m factory.bench amplify``: throughput and memory of the amplification job.
+"""``python -m factory.bench amplify | storm``: throughput, memory and fault tolerance.
+
+``storm`` runs the amplification job twice as a user would (``python -m factory.run``,
+each with its own devserver): clean, then under issue 8's fault storm (429s, 5xx,
+300 s stalls, malformed JSON) with the shipped recipe's timeout and attempts, and
+prints the wall-time ratio; ``--timeout`` caps a run and reports how far it got.
+``amplify --latency both`` runs a fixed and a heavy-tailed (lognormal, p99 = 10 x
+median) server and reports each ratio to its own limit C / mean latency.
+
+``amplify``: throughput and memory of the amplification job.
 
 Starts the development server in its own process with latency L and
 concurrency C, builds a seed set of the requested size from the shipped airline
@@ -119,7 +128,9 @@ class Sampler(threading.Thread):
         return t.user + t.system + sum(self.cpu.values())
 
 
-def _start_server(latency_ms: float, concurrency: int) -> tuple[subprocess.Popen[str], str]:
+def _start_server(
+    latency_ms: float, concurrency: int, *extra: str
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -131,6 +142,7 @@ def _start_server(latency_ms: float, concurrency: int) -> tuple[subprocess.Popen
             str(latency_ms),
             "--max-concurrency",
             str(concurrency),
+            *extra,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -143,7 +155,20 @@ def _start_server(latency_ms: float, concurrency: int) -> tuple[subprocess.Popen
     return proc, line.strip().rsplit(" ", 1)[-1]
 
 
-def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
+def _server_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url.rsplit("/v1", 1)[0] + "/stats", timeout=5) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _latency_args(kind: str, p99_ratio: float) -> list[str]:
+    """Devserver options of a latency distribution: ``fixed`` or ``lognormal`` (median =
+    --latency-ms, p99 = ratio x median)."""
+    if kind == "lognormal":
+        return ["--latency", "lognormal", "--latency-p99-ratio", str(p99_ratio)]
+    return ["--latency", "fixed"]
+
+
+def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str, Any]:
     from factory.config import load_recipe
     from factory.run import devserver_overrides
     from factory.runner import run
@@ -154,7 +179,9 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
     # (as one would run against a vLLM server).
     client = args.client_concurrency or math.ceil(1.25 * args.concurrency)
     seeds = make_seeds(args.seeds, work / "seeds.jsonl")
-    server, url = _start_server(args.latency_ms, args.concurrency)
+    server, url = _start_server(
+        args.latency_ms, args.concurrency, *_latency_args(latency, args.latency_p99_ratio)
+    )
     stats_url = url.rsplit("/v1", 1)[0] + "/stats"
     sampler = Sampler(exclude={server.pid}, stats_url=stats_url)
     try:
@@ -185,14 +212,21 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
         server.wait(timeout=10)
     manifest = result.manifest
     calls = manifest["calls"]["issued"] + manifest["seeds"]["total"]
-    # Time spent issuing calls: the whole run minus Ray start-up and the seed phase's reading.
-    limit = args.concurrency / (args.latency_ms / 1000.0)
+    # The limit: C slots, each busy for the mean latency the server really served in this
+    # run (for a fixed latency that is L itself; for a heavy tail the sampled mean).
+    mean_latency_s = server_stats.get("latency_mean_s") or args.latency_ms / 1000.0
+    if latency == "fixed":
+        mean_latency_s = args.latency_ms / 1000.0
+    limit = args.concurrency / mean_latency_s
     accepted = result.totals["accepted"]
     return {
         "seeds": args.seeds,
         "target": args.target,
         "accepted": accepted,
+        "latency": latency,
         "latency_ms": args.latency_ms,
+        "latency_p99_ratio": args.latency_p99_ratio if latency == "lognormal" else None,
+        "served_mean_latency_ms": round(mean_latency_s * 1000, 1),
         "concurrency": args.concurrency,
         "client_concurrency": client,
         "calls": calls,
@@ -217,13 +251,122 @@ def bench_amplify(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+STORM_DEFECTS = "rate_limit=0.2,server_error=0.05,stall=0.02,malformed_json=0.1"
+
+
+def _kill_ray(tmpdir: str) -> None:
+    """Stop the Ray a capped run started: its processes name its private temp dir (a
+    killed driver does not take its Ray workers with it)."""
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(tmpdir in part for part in proc.info["cmdline"] or ()):
+                proc.kill()
+        except psutil.Error:
+            continue
+
+
+def _storm_run(
+    args: argparse.Namespace, seeds: Path, work: Path, name: str, defects: str
+) -> dict[str, Any]:
+    """One amplification run as ``python -m factory.run`` against its own devserver, capped
+    at ``--timeout`` seconds; the server's counters say how far a capped run got."""
+    extra = ["--defects", defects] if defects else []
+    server, url = _start_server(args.latency_ms, args.concurrency, *extra)
+    out = work / name
+    tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+    client = math.ceil(1.25 * args.concurrency)
+    sets = [
+        *[x for item in _devserver_sets(url) for x in ("--set", item)],
+        *("--set", f"seeds.path={seeds}"),
+        *("--set", f"amplify.target={args.target}"),
+        *("--set", f"llm.concurrency={client}"),
+        *("--set", f"llm.per_actor_concurrency={-(-client // args.actors)}"),
+        *("--set", f"ray.actors={args.actors}"),
+        *("--set", "amplify.max_cost_usd=null"),
+    ]
+    env = {**os.environ, "RAY_TMPDIR": tmpdir, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    started = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "factory.run", str(ROOT / "pipelines/airline.yaml"), *sets,
+         "--output", str(out), "--no-progress"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        try:
+            _, err = proc.communicate(timeout=args.timeout)
+            finished = True
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            finished = False
+        wall = time.time() - started
+        stats = _server_stats(url)
+    finally:
+        _kill_ray(tmpdir)
+        server.terminate()
+        server.wait(timeout=10)
+    report: dict[str, Any] = {
+        "finished": finished,
+        "exit_code": proc.returncode if finished else None,
+        "wall_s": round(wall, 1),
+        "server_requests": stats["requests"],
+        "server_completed": stats["completed"],
+        "server_by_status": stats["by_status"],
+        "server_by_defect": stats["by_defect"],
+        "output": str(out),
+    }
+    manifest = out / "manifest.json"
+    if finished and manifest.is_file():
+        m = json.loads(manifest.read_text())
+        report["calls"] = m["calls"]["issued"] + m["seeds"]["total"]
+        report["totals"] = m["totals"]
+        report["retries"] = m.get("retries")
+    elif finished:
+        report["stderr_tail"] = err[-2000:]
+    return report
+
+
+def _devserver_sets(url: str) -> list[str]:
+    from factory.run import devserver_overrides
+
+    return devserver_overrides(url)
+
+
+def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
+    """The fault storm of issue 8 beside a clean run of the same recipe: the shipped
+    recipe's timeout (600 s) and attempts (6), the devserver's default 300 s stalls."""
+    work = Path(tempfile.mkdtemp(prefix="factory-storm-"))
+    seeds = make_seeds(args.seeds, work / "seeds.jsonl")
+    clean = _storm_run(args, seeds, work, "clean", "")
+    storm = _storm_run(args, seeds, work, "storm", args.defects)
+    ratio = storm["wall_s"] / clean["wall_s"] if clean["finished"] and storm["finished"] else None
+    return {
+        "seeds": args.seeds,
+        "target": args.target,
+        "defects": args.defects,
+        "timeout_s": args.timeout,
+        "clean": clean,
+        "storm": storm,
+        "storm_to_clean_wall_ratio": round(ratio, 2) if ratio else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m factory.bench")
     sub = p.add_subparsers(dest="what", required=True)
     a = sub.add_parser("amplify", help="seeds -> devserver -> accepted trajectories")
     a.add_argument("--seeds", type=int, default=1500)
     a.add_argument("--target", type=int, default=90000)
-    a.add_argument("--latency-ms", type=float, default=200.0)
+    a.add_argument("--latency-ms", type=float, default=200.0, help="fixed latency, or median")
+    a.add_argument(
+        "--latency",
+        choices=("fixed", "lognormal", "both"),
+        default="fixed",
+        help="latency distribution; both: a fixed and a heavy-tailed run, one report each",
+    )
+    a.add_argument("--latency-p99-ratio", type=float, default=10.0, help="lognormal: p99 / median")
     a.add_argument("--concurrency", type=int, default=64)
     a.add_argument(
         "--client-concurrency",
@@ -234,9 +377,41 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--actors", type=int, default=2)
     a.add_argument("--batch-size", type=int, default=16)
     a.add_argument("--quiet", action="store_true")
+    st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
+    st.add_argument("--seeds", type=int, default=100)
+    st.add_argument("--target", type=int, default=1400, help="with 100 seeds: ~1,500 calls")
+    st.add_argument("--latency-ms", type=float, default=200.0)
+    st.add_argument("--concurrency", type=int, default=64)
+    st.add_argument("--actors", type=int, default=2)
+    st.add_argument("--defects", default=STORM_DEFECTS)
+    st.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="cap on each run; a capped run reports how many calls the server completed",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    report = bench_amplify(args)
+    report: dict[str, Any]
+    if args.what == "storm":
+        report = bench_storm(args)
+    elif args.latency == "both":
+        fixed = bench_amplify(args, "fixed")
+        heavy = bench_amplify(args, "lognormal")
+        report = {
+            "fixed": fixed,
+            "lognormal": heavy,
+            "ratio_to_limit": {
+                "fixed": fixed["ratio_to_limit"],
+                "lognormal": heavy["ratio_to_limit"],
+            },
+            "amplify_ratio_to_limit": {
+                "fixed": fixed["amplify_ratio_to_limit"],
+                "lognormal": heavy["amplify_ratio_to_limit"],
+            },
+        }
+    else:
+        report = bench_amplify(args, args.latency)
     print(json.dumps(report, indent=2))
     return 0
 

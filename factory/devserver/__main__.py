@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="half-width (uniform) or standard deviation (lognormal)",
     )
     p.add_argument(
+        "--latency-p99-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="lognormal only: --latency-ms is the median and p99 = R x median (heavy tail)",
+    )
+    p.add_argument(
         "--max-concurrency",
         type=int,
         default=256,
@@ -99,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         latency=args.latency,
         latency_ms=args.latency_ms,
         latency_spread_ms=args.latency_spread_ms,
+        latency_p99_ratio=args.latency_p99_ratio,
         max_concurrency=args.max_concurrency,
         defects=parse_defects(args.defects),
         retry_after_s=args.retry_after,

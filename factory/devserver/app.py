@@ -51,6 +51,7 @@ LATENCY_KINDS = ("fixed", "uniform", "lognormal")
 FINGERPRINT = "factory-devserver"
 _PREFIX_CACHE_SIZE = 200_000
 _ATTEMPTS_CAP = 2_000_000
+_Z99 = 2.3263478740408408  # standard normal 99th percentile
 _CLIENT_GONE = 499  # nginx's "client closed request": no response was delivered
 
 
@@ -59,7 +60,12 @@ class DevServerConfig:
     """How the simulated model behaves. ``port=0`` binds an ephemeral port.
 
     ``latency`` is ``fixed`` (``latency_ms``), ``uniform`` (mean ± spread) or
-    ``lognormal`` (mean and standard deviation ``latency_spread_ms``).
+    ``lognormal``: with ``latency_p99_ratio`` set, ``latency_ms`` is the median and the
+    99th percentile is ``latency_p99_ratio`` x the median (a heavy tail like real model
+    latencies: ratio 10 gives sigma = ln(10) / 2.326 = 0.99, mean = 1.63 x median);
+    without it, ``latency_ms`` is the mean and ``latency_spread_ms`` the standard
+    deviation. ``/stats`` reports the mean latency actually served
+    (``latency_mean_s``), so a benchmark derives its limit C / mean from the same run.
     ``defects`` maps a name of ``DEFECTS`` to its rate; rates add up to at most 1.
     ``sim_drop_change`` is the share of simulate answers (with at least one
     change) that leave one change out; it is drawn per request body, like the
@@ -74,6 +80,7 @@ class DevServerConfig:
     latency: str = "fixed"
     latency_ms: float = 0.0
     latency_spread_ms: float = 0.0
+    latency_p99_ratio: float | None = None
     max_concurrency: int = 256
     defects: dict[str, float] = field(default_factory=dict)
     retry_after_s: float = 1.0
@@ -93,6 +100,12 @@ class DevServerConfig:
             raise ConfigError(
                 f"unknown latency kind {self.latency!r}; use one of {', '.join(LATENCY_KINDS)}",
                 key_path="devserver.latency",
+            )
+        if self.latency_p99_ratio is not None and (
+            self.latency != "lognormal" or self.latency_p99_ratio < 1.0
+        ):
+            raise ConfigError(
+                "needs latency 'lognormal' and a ratio >= 1", key_path="devserver.latency_p99_ratio"
             )
         for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s"):
             if getattr(self, key) < 0:
@@ -175,6 +188,7 @@ class _State:
         self.by_status: Counter[str] = Counter()
         self.by_defect: Counter[str] = Counter()
         self.by_kind: Counter[str] = Counter()
+        self.latency_total = 0.0  # sampled generation latency of completed requests
         self.open = self.in_flight = self.max_in_flight = self.waiting = self.max_waiting = 0
         self.attempts: dict[bytes, int] = {}
         self.prefixes: OrderedDict[bytes, int] = OrderedDict()
@@ -206,6 +220,9 @@ class _State:
             "prompt_tokens": self.counts["prompt_tokens"],
             "cached_tokens": self.counts["cached_tokens"],
             "completion_tokens": self.counts["completion_tokens"],
+            "latency_mean_s": round(self.latency_total / self.counts["completed"], 6)
+            if self.counts["completed"]
+            else None,
             "sim_dropped_changes": self.counts["sim_dropped_changes"],
             "grounded_answers": self.counts["grounded_answers"],
             "wrong_observations": self.counts["wrong_observations"],
@@ -228,6 +245,10 @@ class _State:
         mean, spread = c.latency_ms / 1000.0, c.latency_spread_ms / 1000.0
         if c.latency == "uniform":
             return rng.uniform(max(0.0, mean - spread), mean + spread)
+        if c.latency == "lognormal" and mean > 0 and c.latency_p99_ratio is not None:
+            # ``latency_ms`` is the median; p99 = median * exp(2.326 sigma).
+            sigma = math.log(c.latency_p99_ratio) / _Z99
+            return rng.lognormvariate(math.log(mean), sigma)
         if c.latency == "lognormal" and mean > 0:
             sigma2 = math.log1p((spread / mean) ** 2)
             return rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
@@ -562,6 +583,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         state.counts["cached_tokens"] += cached
         state.counts["completion_tokens"] += completion_tokens
         state.counts.update(events)
+        state.latency_total += latency
         status = 200
         return web.Response(text=text, content_type="application/json")
     finally:
