@@ -167,6 +167,7 @@ def _collect_seeds(
     """
     from factory.pipeline import checked_seed_dataset, iter_rows
     from factory.raycompat import map_stage
+    from factory.stages.llm_stage import sum_retries
     from factory.stages.prefilter import build_prefilter
 
     ds = checked_seed_dataset(cfg)
@@ -187,9 +188,11 @@ def _collect_seeds(
     tokens: Counter[str] = Counter()
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0}
     reasons: dict[str, int] = {}
+    retries: Counter[str] = Counter()
     cost = 0.0
     for row in iter_rows(ds):
         counts["total"] += 1
+        sum_retries(retries, row)
         cost += float(row.get("cost_usd") or 0.0)
         if row.get("usage"):
             tokens.update(json.loads(row["usage"]))
@@ -211,7 +214,7 @@ def _collect_seeds(
         writer.add({k: v for k, v in row.items() if v is not None})
     rejects.close()
     failed.close()
-    manifest.extra["seeds"] = {**counts, "reasons": reasons}
+    manifest.extra["seeds"] = {**counts, "reasons": reasons, "retries": dict(retries)}
     if not kept:
         raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
     return kept, tokens, cost
@@ -259,6 +262,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     from factory.pipeline import iter_rows
     from factory.raycompat import init_ray
     from factory.stages.amplify import round_plan, seed_order
+    from factory.stages.llm_stage import sum_retries
 
     assert cfg.amplify is not None and cfg.llm is not None
     started = time.time()
@@ -285,6 +289,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     order = seed_order(list(kept), cfg.amplify.seed)
     cap = math.ceil(target / len(kept))
     calls: Counter[str] = Counter()  # calls made per seed: later rounds continue variations
+    retries: Counter[str] = Counter()  # retried attempts by reason (amplification)
     fingerprints: set[str] = set()
     # ``next_index``: first call index of the next round; ``issued``: calls actually sent
     # (a budget cap may leave some of a round's calls unissued).
@@ -307,6 +312,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
                 if row.get("seed_id"):
                     calls[row["seed_id"]] += 1
+                sum_retries(retries, row)
                 if collector.add(row) == "accepted":
                     bar.update(1)
                 if row.get("fingerprint"):
@@ -337,12 +343,22 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     collector.tokens.update(judge_tokens)  # manifest "tokens" / "cost_usd": whole-run totals
     collector.cost_usd += judge_cost
     mixture_report = select_mixture(cfg, out_dir, collector) if cfg.mixture else None
+    judge_retries = manifest.extra["seeds"].get("retries") or {}
     totals = collector.close(
         mixture=mixture_report,
         by_stage={
-            "prefilter": {"tokens": dict(judge_tokens), "cost_usd": round(judge_cost, 6)},
-            "amplify": {"tokens": amplify_tokens, "cost_usd": round(amplify_cost, 6)},
+            "prefilter": {
+                "tokens": dict(judge_tokens),
+                "cost_usd": round(judge_cost, 6),
+                "retries": judge_retries,
+            },
+            "amplify": {
+                "tokens": amplify_tokens,
+                "cost_usd": round(amplify_cost, 6),
+                "retries": dict(retries),
+            },
         },
+        retries=dict(sorted((retries + Counter(judge_retries)).items())),
         pipeline="amplify",
         calls={"issued": issued, "rounds": rounds},
         target={

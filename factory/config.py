@@ -32,6 +32,7 @@ __all__ = [
     "SCHEMA_PATH",
     "AmplifyConfig",
     "CacheConfig",
+    "DeadlineConfig",
     "DomainConfig",
     "EndpointConfig",
     "EnvSimConfig",
@@ -98,6 +99,45 @@ class RetryConfig(_Strict):
     max_delay_s: float = Field(60.0, gt=0, description="Cap on one backoff delay.")
 
 
+class DeadlineConfig(_Strict):
+    """When an attempt counts as hung, and how long a whole request may take.
+
+    An attempt's deadline is ``p99_factor`` x the 99th percentile of the latencies this
+    actor observed (its last ``window`` successful attempts), clamped to
+    ``[floor_s, llm.timeout_s]``. Until ``min_samples`` are observed (a cold start) it is
+    2 x ``p99_factor`` x the slowest answer seen (clamped the same way) once 5 answers
+    are in, and ``llm.timeout_s`` before. An attempt past its deadline is cancelled and
+    retried like a timeout (it uses one of ``llm.retry.max_attempts``). So a hung request
+    holds its slot for a few times the real tail instead of ``timeout_s`` per attempt.
+    """
+
+    adaptive: bool = Field(
+        True, description="Cut attempts at p99_factor x the observed p99 (false: at timeout_s)."
+    )
+    p99_factor: float = Field(
+        4.0,
+        gt=1,
+        description="Attempt deadline = this x observed p99 latency. With a lognormal tail "
+        "of p99 = 10 x median, 4 cuts about 3 in 10,000 healthy answers.",
+    )
+    floor_s: float = Field(
+        5.0, gt=0, description="Shortest adaptive attempt deadline (the ceiling is timeout_s)."
+    )
+    min_samples: int = Field(
+        50, ge=1, description="Successful attempts observed before the adaptive deadline applies."
+    )
+    window: int = Field(
+        2048, ge=1, description="Most recent attempt latencies the p99 is taken over."
+    )
+    request_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="Bound on one request: attempts, backoff and waiting for an open "
+        "circuit breaker. Past it the row is failed (attempts were sent) or unissued "
+        "(none was: a resume sends it). null: no bound beyond the attempts.",
+    )
+
+
 class PriceConfig(_Strict):
     input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens.")
     cached_input_per_mtok: float | None = Field(
@@ -128,8 +168,17 @@ class LLMConfig(_Strict):
     )
     concurrency: int = Field(64, ge=1, description="Requests in flight across all actors.")
     per_actor_concurrency: int = Field(32, ge=1, description="Requests in flight per actor.")
-    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest one attempt may take (the slowest legitimate answer); hung "
+        "attempts are cut earlier by llm.deadline.",
+    )
     retry: RetryConfig = Field(default_factory=RetryConfig)  # type: ignore[arg-type]
+    deadline: DeadlineConfig = Field(
+        default_factory=DeadlineConfig,  # type: ignore[arg-type]
+        description="Per-attempt deadlines from the observed latency, and a per-request bound.",
+    )
 
 
 class PrefilterConfig(_Strict):
@@ -138,6 +187,13 @@ class PrefilterConfig(_Strict):
     prompt: str = Field("../prompts/prefilter.j2", description="Judge prompt template.")
     completion_tokens_estimate: int = Field(
         80, ge=1, description="Planning estimate of a verdict's length in tokens."
+    )
+    verdict_requests: int = Field(
+        3,
+        ge=1,
+        description="Requests per seed at most when the judge's answer holds no usable "
+        "verdict: each retry is a new request (its own id and cache entry), counted in "
+        "retries.unparsable_completion; the seed fails only after the last.",
     )
 
 

@@ -14,6 +14,7 @@ tree (kept in step with the classes below)::
     │   ├── LLMTimeout              request timed out (retryable)
     │   ├── LLMRateLimited          429; .retry_after seconds if the server said
     │   ├── LLMServerError          5xx / connection problems (retryable)
+    │   ├── LLMUnavailable          no endpoint took it before its deadline (never sent)
     │   └── LLMBadRequest           4xx other than 408/429 (not retryable)
     ├── BudgetExceeded              a cost / token / call cap was reached
     └── EnvironmentError_           executable world refused an action (tool error)
@@ -39,6 +40,7 @@ __all__ = [
     "LLMRateLimited",
     "LLMServerError",
     "LLMTimeout",
+    "LLMUnavailable",
     "RepairError",
     "SeedError",
     "SeedFormatError",
@@ -163,6 +165,13 @@ class LLMServerError(LLMError):
 
     retryable = True
     reason = "llm_server_error"
+
+
+class LLMUnavailable(LLMError):
+    """Every endpoint's breaker stayed open until the request's deadline: nothing was sent,
+    so the row is ``unissued`` (a resume sends it), never ``failed``."""
+
+    reason = "llm_unavailable"
 
 
 class LLMBadRequest(LLMError):

@@ -79,6 +79,10 @@ class RunResult:
                 f"{tokens.get('completion_tokens', 0):,}; cost "
                 f"{self.manifest.get('cost_usd', 0):.4f} USD"
             )
+        retries = self.manifest.get("retries") or {}
+        if retries:  # summarised here; one line per retry only at DEBUG
+            by_count = sorted(retries.items(), key=lambda kv: -kv[1])
+            lines.append("retries: " + ", ".join(f"{code} x{n}" for code, n in by_count))
         if self.extra.get("report"):
             lines.append(self.extra["report"])
         lines.append(f"wall time: {self.wall_s:.1f}s")

@@ -56,6 +56,7 @@ RESUMABLE = (
     "llm.per_actor_concurrency",
     "llm.timeout_s",
     "llm.retry",
+    "llm.deadline",
     "ray",
     "cache",
     "envsim.max_episodes",

@@ -618,7 +618,7 @@ def test_key_never_appears_in_errors_or_redacted_logs(
     root.addHandler(handler)
     flt = secrets.install_log_redaction()
     try:
-        with caplog.at_level(logging.INFO):
+        with caplog.at_level(logging.DEBUG):  # retry lines are DEBUG (summarised otherwise)
             err = run_error(make_client([live(server)], retry=FAST_RETRY))
             # what a stage would do with a failed row: log it with its traceback
             logging.getLogger("factory.stage").error(

@@ -17,11 +17,13 @@ messages carry neither the key nor the payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
@@ -33,8 +35,10 @@ from factory.errors import (
     LLMRateLimited,
     LLMServerError,
     LLMTimeout,
+    LLMUnavailable,
     short,
 )
+from factory.llm.deadline import AttemptDeadline
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
@@ -80,6 +84,7 @@ class Completion:
         model: the model id the server reports.
         system_fingerprint: backend configuration id, when the server sends one.
         finish_reason: ``stop``, ``length`` ... (``length`` means truncated output).
+        retries: retried attempts of this request by reason (``llm_rate_limited`` ...).
     """
 
     text: str
@@ -92,6 +97,7 @@ class Completion:
     model: str
     system_fingerprint: str | None
     finish_reason: str | None = None
+    retries: Mapping[str, int] = field(default_factory=dict)
 
 
 def openai_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> Any:
@@ -238,8 +244,12 @@ class LLMClient:
         model: model id sent to the server.
         sampling: the recipe's ``llm.sampling``; mapped per model family.
         concurrency: requests this client has in flight at most.
-        timeout_s: bound on one attempt, end to end.
+        timeout_s: bound on one attempt, end to end (the ceiling of ``deadline``).
         retry: retry policy for retryable failures.
+        deadline: the per-attempt deadline policy (default: ``timeout_s`` for every
+            attempt); a hung attempt is cancelled at its deadline and retried.
+        request_deadline_s: bound on the whole request (attempts, backoff, waiting for
+            an open breaker); ``None``: no bound beyond the attempts.
         price: for ``cost_usd``; ``None`` prices the model at 0 (local models).
         client_factory: builds the SDK client per endpoint (tests pass their own);
             it must turn SDK retries off.
@@ -263,6 +273,8 @@ class LLMClient:
         timeout_s: float,
         retry: RetryPolicy,
         price: Price | None,
+        deadline: AttemptDeadline | None = None,
+        request_deadline_s: float | None = None,
         client_factory: ClientFactory = openai_client_factory,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
@@ -278,6 +290,8 @@ class LLMClient:
         self._pool = pool
         self._model = model
         self._timeout_s = timeout_s
+        self.deadline = deadline or AttemptDeadline(timeout_s, adaptive=False)
+        self._request_deadline_s = request_deadline_s
         self._retry = retry
         self._price = price
         self._sleep = sleep
@@ -296,6 +310,7 @@ class LLMClient:
             "completion_tokens": 0,
             "cost_usd": 0.0,
         }
+        self.retries: Counter[str] = Counter()  # retried attempts by reason, this client
 
     @property
     def model(self) -> str:
@@ -333,7 +348,11 @@ class LLMClient:
                 says how many were made.
         """
         started = self._clock()
+        give_up_at = started + self._request_deadline_s if self._request_deadline_s else None
         tried: list[str] = []
+        sent = 0  # attempts that reached the wire
+        retries: Counter[str] = Counter()
+        last_error: list[LLMError] = []  # the last attempt's error, for a late give-up
         kwargs = {
             "model": self._model,
             "messages": messages,
@@ -342,20 +361,33 @@ class LLMClient:
         }
 
         async def attempt(_number: int) -> Completion:
+            nonlocal sent
+            await self._wait_for_endpoint(give_up_at)
             await self.limiter.acquire()
-            sent = self._clock()
+            loop = asyncio.get_running_loop()
+            sent_at = loop.time()
+            sent += 1
             try:
-                completion = await self._attempt(kwargs, tried)
-            except (LLMRateLimited, LLMTimeout):  # the server is overloaded: back off
-                self.limiter.on_overload()
+                completion = await self._attempt(kwargs, tried, give_up_at)
+            except (LLMRateLimited, LLMTimeout):  # refused or hung: an overload signal
+                self.limiter.on_attempt(overloaded=True)
+                raise
+            except LLMError:
+                self.limiter.on_attempt(overloaded=False)
                 raise
             finally:
                 await self.limiter.release()
-            self.limiter.on_success(self._clock() - sent)
+            latency = loop.time() - sent_at
+            self.deadline.observe(latency)
+            self.limiter.on_success(latency)
             return completion
 
         def on_retry(number: int, err: LLMError, delay: float) -> None:
-            log.warning(
+            retries[err.reason] += 1
+            last_error[:] = [err]
+            # One line per retry would flood the console of a 90k run: DEBUG only; the
+            # counts by reason reach the manifest through the rows.
+            log.debug(
                 "request %s: attempt %d failed (%s); retrying in %.2fs",
                 request_id,
                 number,
@@ -365,30 +397,68 @@ class LLMClient:
 
         try:
             result = await call_with_retry(
-                attempt, self._retry, sleep=self._sleep, on_retry=on_retry, rng=self._rng
+                attempt,
+                self._retry,
+                sleep=self._sleep,
+                on_retry=on_retry,
+                rng=self._rng,
+                give_up_at=give_up_at,
+                clock=self._clock,
             )
-        except LLMError as err:
+        except LLMError as caught:
+            err = caught
+            if isinstance(err, LLMUnavailable) and sent and last_error:
+                err = last_error[0]  # sent and failed, then no endpoint: the real failure
             self._totals["calls"] += 1
             self._totals["failed"] += 1
-            self._totals["attempts"] += getattr(err, "attempts", 1)
+            self._totals["attempts"] += sent
+            self.retries.update(retries)
+            err.attempts = sent  # type: ignore[attr-defined]  # only what reached the wire
+            err.retries = dict(retries)  # type: ignore[attr-defined]
             if err.row_id is None:
                 err.row_id = request_id
-            raise
+            if err is caught:
+                raise
+            raise err from caught
         completion = result.value
+        self.retries.update(retries)
         self._totals["calls"] += 1
-        self._totals["attempts"] += result.attempts
+        self._totals["attempts"] += sent
         self._totals["prompt_tokens"] += int(completion.usage.get("prompt_tokens") or 0)
         self._totals["completion_tokens"] += int(completion.usage.get("completion_tokens") or 0)
         self._totals["cost_usd"] += completion.cost_usd
-        return replace(completion, attempts=result.attempts, latency_s=self._clock() - started)
+        return replace(
+            completion,
+            attempts=sent,
+            latency_s=self._clock() - started,
+            retries=dict(retries),
+        )
 
-    async def _attempt(self, kwargs: dict[str, Any], tried: list[str]) -> Completion:
+    async def _wait_for_endpoint(self, give_up_at: float | None) -> None:
+        """Back off while every breaker is open, instead of failing an attempt never sent.
+
+        Raises:
+            LLMUnavailable: the request's deadline passes before an endpoint would take
+                it (``complete`` reports the last real failure instead when an earlier
+                attempt was sent).
+        """
+        while (wait := self._pool.wait_s()) > 0:
+            if give_up_at is not None and self._clock() + wait >= give_up_at:
+                raise LLMUnavailable(
+                    "no endpoint accepted the request before its deadline "
+                    f"(llm.deadline.request_s): {self._pool.unavailable_message()}"
+                )
+            await self._sleep(wait)
+
+    async def _attempt(
+        self, kwargs: dict[str, Any], tried: list[str], give_up_at: float | None
+    ) -> Completion:
         lease = self._pool.acquire(avoid=tried)
         name = lease.endpoint.name
         sent = self._clock()
         try:
-            response = await asyncio.wait_for(
-                self._clients[name].chat.completions.create(**kwargs), timeout=self._timeout_s
+            response = await self._within_deadline(
+                self._clients[name].chat.completions.create(**kwargs), name, give_up_at
             )
             completion = self._parse(response, name)
         except asyncio.CancelledError:
@@ -407,6 +477,38 @@ class LLMClient:
             raise err from exc
         self._pool.release(lease, True, self._clock() - sent)
         return completion
+
+    async def _within_deadline(
+        self, request: Awaitable[Any], endpoint: str, give_up_at: float | None
+    ) -> Any:
+        """Await one attempt until its deadline, re-read while waiting (the policy may
+        tighten once it has seen enough answers); cancel it when the deadline passes."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(request)
+        started = loop.time()
+        try:
+            while True:
+                limit = self.deadline.timeout_s()
+                remaining = started + limit - loop.time()
+                if give_up_at is not None:
+                    remaining = min(remaining, give_up_at - self._clock())
+                if remaining <= 0:
+                    break
+                # Wake at least every second so a deadline that tightened is applied.
+                done, _ = await asyncio.wait({task}, timeout=min(remaining, 1.0))
+                if done:
+                    return task.result()
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise LLMTimeout(
+            f"{endpoint}: attempt hung past its deadline {self.deadline.describe()}; "
+            "cancelled and retried (llm.deadline, llm.timeout_s)",
+            endpoint=endpoint,
+        )
 
     def _parse(self, response: Any, endpoint: str) -> Completion:
         choices = getattr(response, "choices", None)

@@ -216,6 +216,27 @@ class EndpointPool:
             return True
         return health.state is CircuitState.HALF_OPEN and not health.probe_in_flight
 
+    def wait_s(self) -> float:
+        """Seconds until some endpoint may take a request: 0 when one can now.
+
+        Why: an open breaker means "back off", not "give up". ``LLMClient`` waits this
+        long (and asks again) instead of failing the request, so a single endpoint
+        whose breaker opened under a burst of timeouts delays its requests by the
+        cooldown rather than turning them into dead letters that were never sent. While
+        a half-open probe is out, the answer is a short poll interval.
+        """
+        if any(self._selectable(h) for h in self._health):
+            return 0.0
+        now = self._clock()
+        waits = [
+            self._cooldown - (now - h.opened_at)
+            for h in self._health
+            if h.state is CircuitState.OPEN
+        ]
+        if any(h.state is CircuitState.HALF_OPEN for h in self._health):
+            waits.append(min(1.0, self._cooldown / 10))  # poll until the probe answers
+        return max(0.01, min(waits, default=1.0))
+
     def acquire(self, *, avoid: Collection[str] = ()) -> Lease:
         """Pick an endpoint for one request and count it as in flight.
 
@@ -232,7 +253,7 @@ class EndpointPool:
         """
         usable = [i for i, h in enumerate(self._health) if self._selectable(h)]
         if not usable:
-            raise LLMServerError(self._unavailable_message())
+            raise LLMServerError(self.unavailable_message())
         preferred = [i for i in usable if self._health[i].endpoint.name not in avoid]
         chosen = self._least_loaded(preferred or usable)
         health = self._health[chosen]
@@ -251,7 +272,7 @@ class EndpointPool:
         self._cursor = (best + 1) % n
         return best
 
-    def _unavailable_message(self) -> str:
+    def unavailable_message(self) -> str:
         now = self._clock()
         waits = [
             self._cooldown - (now - h.opened_at)

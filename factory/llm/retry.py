@@ -144,6 +144,8 @@ async def call_with_retry(
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     on_retry: Callable[[int, LLMError, float], object] | None = None,
     rng: random.Random | None = None,
+    give_up_at: float | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> RetryResult[T]:
     """Await ``fn(attempt)`` until it succeeds, retrying retryable LLM errors.
 
@@ -154,6 +156,9 @@ async def call_with_retry(
         sleep: awaited with each delay; tests inject a recorder instead of waiting.
         on_retry: called as ``on_retry(attempt, error, delay)`` before each sleep.
         rng: jitter source (default: a fresh ``random.Random()``).
+        give_up_at: the request's overall deadline on ``clock``: no retry starts whose
+            backoff would end after it (the last error is raised instead).
+        clock: monotonic seconds for ``give_up_at``.
 
     Returns:
         The value and the number of attempts used.
@@ -174,6 +179,9 @@ async def call_with_retry(
                 raise
             retry_after = exc.retry_after if isinstance(exc, LLMRateLimited) else None
             delay = policy.delay_for(attempt, retry_after, rng)
+            if give_up_at is not None and clock is not None and clock() + delay >= give_up_at:
+                _record_attempts(exc, attempt)
+                raise
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
             await sleep(delay)

@@ -56,7 +56,8 @@ ROW_SCHEMA = pa.schema(
         ("completion", pa.string()),  # raw model output
         ("usage", pa.string()),  # token usage JSON
         ("cost_usd", pa.float64()),
-        ("attempts", pa.int64()),
+        ("attempts", pa.int64()),  # attempts that reached the wire
+        ("retries", pa.string()),  # retried attempts / requests by reason (JSON)
         ("latency_s", pa.float64()),
         ("endpoint", pa.string()),
         ("fingerprint", pa.string()),  # system_fingerprint of the serving model

@@ -8,12 +8,14 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
-from factory.errors import LLMError
+from factory.errors import LLMError, LLMUnavailable
 from factory.llm import (
     Completion,
     Endpoint,
@@ -23,6 +25,7 @@ from factory.llm import (
     RetryPolicy,
     openai_client_factory,
 )
+from factory.llm.deadline import AttemptDeadline
 from factory.llm.http import aiohttp_client_factory
 from factory.secrets import redact
 from factory.stages.base import UNISSUED, Stage, fail
@@ -75,6 +78,14 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
             for e in llm.endpoints
         ]
     )
+    deadline = AttemptDeadline(
+        llm.timeout_s,
+        floor_s=llm.deadline.floor_s,
+        p99_factor=llm.deadline.p99_factor,
+        min_samples=llm.deadline.min_samples,
+        window=llm.deadline.window,
+        adaptive=llm.deadline.adaptive,
+    )
     retry = RetryPolicy(
         max_attempts=llm.retry.max_attempts,
         base_delay=llm.retry.base_delay_s,
@@ -89,6 +100,8 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
         concurrency=per_actor_concurrency(cfg),
         timeout_s=llm.timeout_s,
         retry=retry,
+        deadline=deadline,
+        request_deadline_s=llm.deadline.request_s,
         price=prices.lookup(model),
         client_factory=factory,
     )
@@ -122,6 +135,22 @@ def usage_record(c: Completion) -> dict[str, int]:
         "completion_tokens": int(usage.get("completion_tokens") or 0),
         "cached_tokens": int((details or {}).get("cached_tokens") or 0),
     }
+
+
+def add_retries(row: dict[str, Any], retries: Mapping[str, int] | None) -> None:
+    """Add retry counts by reason to the row's ``retries`` (JSON), which the driver sums
+    into the manifest: retries are summarised, never one console line each."""
+    if not retries:
+        return
+    counts = Counter(json.loads(row["retries"]) if row.get("retries") else {})
+    counts.update(retries)
+    row["retries"] = json.dumps(dict(sorted(counts.items())))
+
+
+def sum_retries(total: Counter[str], row: dict[str, Any]) -> None:
+    """Driver side: add one final row's retry counts to the run's."""
+    if row.get("retries"):
+        total.update(json.loads(row["retries"]))
 
 
 class LLMStage(Stage):
@@ -195,6 +224,15 @@ class LLMStage(Stage):
                     )
                 except LLMError as exc:
                     row["attempts"] = getattr(exc, "attempts", None)
+                    add_retries(row, getattr(exc, "retries", None))
+                    if isinstance(exc, LLMUnavailable):  # never sent: not a failed row
+                        row.update(
+                            status=UNISSUED,
+                            stage=self.name,
+                            reason=exc.reason,
+                            message=exc.describe(),
+                        )
+                        return None
                     fail(row, self.name, exc.reason, exc.describe())
                     return None
                 if self.cache is not None:  # persisted before anything else can go wrong
@@ -212,4 +250,6 @@ class LLMStage(Stage):
             endpoint=c.endpoint,
             fingerprint=c.system_fingerprint,
         )
+        if row["cached"] is False:
+            add_retries(row, c.retries)
         return c

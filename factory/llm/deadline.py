@@ -1,0 +1,127 @@
+"""Per-attempt deadlines that follow the latency the endpoint really shows.
+
+Why: ``llm.timeout_s`` must be long enough for the slowest legitimate answer of a
+reasoning model (600 s in the shipped recipe), so as the only bound it lets a hung
+request (a stalled connection, a lost response) hold its slot for ten minutes per
+attempt, up to an hour with six attempts (issue 8). Real answers are heavy-tailed but
+bounded in practice: an attempt that runs several times longer than the observed 99th
+percentile is almost surely hung, and cancelling and re-sending it costs one attempt
+while waiting costs the whole tail.
+
+The policy (``llm.deadline`` in the recipe):
+
+* every successful attempt's latency (send to response) is observed, the last
+  ``window`` of them kept;
+* once ``min_samples`` are observed, an attempt's deadline is
+  ``clamp(p99_factor x p99, floor_s, ceiling_s)`` with ``ceiling_s = llm.timeout_s``;
+* before that (a cold start: a judge phase over 40 seeds never gets there) it is
+  ``clamp(2 x p99_factor x slowest seen, floor_s, ceiling_s)`` once a few
+  (``_COLD_SAMPLES``) answers are in, and ``ceiling_s`` before any: the slowest of a
+  few samples underestimates the p99, hence the extra factor 2;
+* the deadline of an attempt in flight is re-read while it waits, so attempts started
+  cold are cut once the policy has seen enough;
+* the whole request (every attempt, backoff and waiting for an endpoint) has its own
+  deadline, ``llm.deadline.request_s``.
+
+With a lognormal tail of p99 = 10 x median, a deadline of 4 x p99 cuts about 3 in
+10,000 healthy answers (each then costs one retry), and a hung attempt is cut after
+``4 x p99`` instead of ``timeout_s``. ``AttemptDeadline`` is pure bookkeeping: no
+clock, no I/O; the client measures and asks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+__all__ = ["AttemptDeadline"]
+
+_COLD_SAMPLES = 5
+
+
+class AttemptDeadline:
+    """The deadline of one attempt, from the latencies observed so far.
+
+    Args:
+        ceiling_s: the longest an attempt may take (``llm.timeout_s``); also the
+            deadline until enough latencies are known.
+        floor_s: the shortest deadline the adaptive rule may give.
+        p99_factor: deadline = ``p99_factor`` x the observed 99th percentile.
+        min_samples: latencies needed before the adaptive rule applies.
+        window: latencies kept (the most recent ones), so the rule follows a change.
+        adaptive: False keeps ``ceiling_s`` for every attempt (the old behaviour).
+    """
+
+    def __init__(
+        self,
+        ceiling_s: float,
+        *,
+        floor_s: float = 5.0,
+        p99_factor: float = 4.0,
+        min_samples: int = 50,
+        window: int = 2048,
+        adaptive: bool = True,
+    ) -> None:
+        if not ceiling_s > 0 or floor_s < 0 or p99_factor <= 0 or min_samples < 1:
+            raise ValueError("deadline parameters must be positive")
+        self.ceiling_s = ceiling_s
+        self.floor_s = min(floor_s, ceiling_s)
+        self.p99_factor = p99_factor
+        self.min_samples = min_samples
+        self.adaptive = adaptive
+        self._samples: deque[float] = deque(maxlen=max(window, min_samples))
+        self._since_sort = 0
+        self._p99: float | None = None
+        self._max: float | None = None  # slowest sample seen (the cold-start rule)
+        # Re-sort after this many new samples: a p99 from a window a few percent stale is
+        # as good as a fresh one, and sorting 2k floats per answer would cost real CPU.
+        self._resort_every = max(1, self._samples.maxlen // 32)  # type: ignore[operator]
+
+    @property
+    def observed(self) -> int:
+        """Latencies currently in the window."""
+        return len(self._samples)
+
+    def observe(self, latency_s: float) -> None:
+        """Record the latency of one successful attempt."""
+        if latency_s >= 0 and math.isfinite(latency_s):
+            self._samples.append(latency_s)
+            self._since_sort += 1
+            self._max = latency_s if self._max is None else max(self._max, latency_s)
+            if self._since_sort >= self._resort_every:
+                self._p99 = None
+
+    def p99(self) -> float | None:
+        """The 99th percentile of the window (nearest rank), or None when empty."""
+        if not self._samples:
+            return None
+        if self._p99 is None:
+            ordered = sorted(self._samples)
+            self._p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+            self._since_sort = 0
+        return self._p99
+
+    def timeout_s(self) -> float:
+        """The deadline for an attempt, in seconds after it was sent."""
+        n = len(self._samples)
+        if not self.adaptive or n < min(_COLD_SAMPLES, self.min_samples):
+            return self.ceiling_s
+        if n < self.min_samples:
+            assert self._max is not None
+            return min(self.ceiling_s, max(self.floor_s, 2 * self.p99_factor * self._max))
+        p99 = self.p99()
+        assert p99 is not None
+        return min(self.ceiling_s, max(self.floor_s, self.p99_factor * p99))
+
+    def describe(self) -> str:
+        """How the current deadline was chosen, for the timeout message."""
+        limit = self.timeout_s()
+        n = len(self._samples)
+        if not self.adaptive or n < min(_COLD_SAMPLES, self.min_samples):
+            return f"{limit:.1f}s (llm.timeout_s)"
+        if n < self.min_samples:
+            return f"{limit:.1f}s (cold start: {n} answers seen, 2 x {self.p99_factor:g} x slowest)"
+        return (
+            f"{limit:.1f}s ({self.p99_factor:g} x observed p99 {self.p99():.2f}s, "
+            f"floor {self.floor_s:g}s, ceiling {self.ceiling_s:g}s)"
+        )

@@ -1,0 +1,324 @@
+"""Per-request deadlines, back-off instead of refusal, retry counting (issue 8).
+
+Pure logic with injected clocks and sleeps, and ``LLMClient`` over a fake SDK (no
+HTTP, no Ray): a hung attempt is cut at the adaptive deadline and retried, a
+single endpoint whose breaker opened delays its requests instead of failing them,
+only attempts that reached the wire are counted, and retries are counted by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from factory.errors import LLMRateLimited, LLMServerError, LLMTimeout, LLMUnavailable
+from factory.llm.client import Completion, LLMClient
+from factory.llm.deadline import AttemptDeadline
+from factory.llm.limiter import AdaptiveLimiter
+from factory.llm.pool import CircuitState, Endpoint, EndpointPool
+from factory.llm.retry import RetryPolicy
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+HANG = "hang"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Sleep:
+    """Backoff without waiting: records the delay and moves the fake clock on."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        self.clock.t += delay
+
+
+def response(text: str = "ok") -> Any:
+    message = SimpleNamespace(content=text)
+    return SimpleNamespace(
+        choices=[SimpleNamespace(message=message, finish_reason="stop")],
+        usage={"prompt_tokens": 3, "completion_tokens": 1},
+        model="m",
+    )
+
+
+class ScriptedSDK:
+    """Plays a script per call: an exception to raise, ``HANG`` (never answers until
+    cancelled) or a text to answer; the last entry repeats."""
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.calls = 0
+        self.cancelled = 0
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
+
+    async def _create(self, **kwargs: Any) -> Any:
+        step = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if isinstance(step, BaseException):
+            raise step
+        if step == HANG:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return response(step)
+
+    async def close(self) -> None:
+        pass
+
+
+def client(
+    sdk: ScriptedSDK,
+    *,
+    deadline: AttemptDeadline | None = None,
+    attempts: int = 6,
+    threshold: int = 5,
+    cooldown_s: float = 30.0,
+    request_deadline_s: float | None = None,
+    clock: Clock | None = None,
+    sleep: Sleep | None = None,
+) -> LLMClient:
+    clock = clock or Clock()
+    pool = EndpointPool(
+        [Endpoint("http://10.0.0.1:8000/v1", name="only")],
+        failure_threshold=threshold,
+        cooldown_s=cooldown_s,
+        clock=clock,
+    )
+    return LLMClient(
+        pool,
+        "m",
+        {},
+        concurrency=8,
+        timeout_s=600.0,
+        retry=RetryPolicy(max_attempts=attempts, base_delay=0.5, max_delay=2.0, jitter=False),
+        price=None,
+        deadline=deadline,
+        request_deadline_s=request_deadline_s,
+        client_factory=lambda *a: sdk,
+        sleep=sleep or Sleep(clock),
+        clock=clock,
+    )
+
+
+def complete(c: LLMClient, rid: str = "r1", guard_s: float = 60.0) -> Completion:
+    async def go() -> Completion:
+        return await asyncio.wait_for(c.complete(MESSAGES, request_id=rid), guard_s)
+
+    return asyncio.run(go())
+
+
+# ------------------------------------------------------------------ the deadline policy
+
+
+def test_deadline_is_the_ceiling_until_answers_are_seen_then_k_times_p99_clamped() -> None:
+    d = AttemptDeadline(600.0, floor_s=5.0, p99_factor=4.0, min_samples=100)
+    assert d.timeout_s() == 600.0  # nothing seen: only timeout_s is known
+    for _ in range(5):
+        d.observe(2.0)
+    assert d.timeout_s() == 2 * 4 * 2.0  # cold start: 2 x k x slowest
+    for i in range(200):
+        d.observe(10.0 if i % 100 == 0 else 1.0)  # 1% at 10 s
+    # 198 x 1 s, 5 x 2 s, 2 x 10 s: the nearest-rank p99 is 2 s
+    assert d.p99() == 2.0 and d.timeout_s() == 8.0
+    fast = AttemptDeadline(600.0, floor_s=5.0, min_samples=10)
+    for _ in range(10):
+        fast.observe(0.01)
+    assert fast.timeout_s() == 5.0  # the floor
+    slow = AttemptDeadline(60.0, floor_s=5.0, min_samples=10)
+    for _ in range(10):
+        slow.observe(50.0)
+    assert slow.timeout_s() == 60.0  # the ceiling (llm.timeout_s)
+    fixed = AttemptDeadline(600.0, adaptive=False)
+    for _ in range(100):
+        fixed.observe(0.1)
+    assert fixed.timeout_s() == 600.0
+
+
+def test_deadline_follows_the_recent_window() -> None:
+    d = AttemptDeadline(600.0, floor_s=0.1, p99_factor=4.0, min_samples=10, window=64)
+    for _ in range(64):
+        d.observe(10.0)
+    assert d.timeout_s() == 40.0
+    for _ in range(200):
+        d.observe(1.0)
+    assert d.timeout_s() == 4.0
+
+
+# ------------------------------------------------------------------ hung attempts
+
+
+def warmed(floor_s: float = 0.05) -> AttemptDeadline:
+    d = AttemptDeadline(600.0, floor_s=floor_s, p99_factor=4.0, min_samples=10)
+    for _ in range(10):
+        d.observe(0.001)
+    return d
+
+
+def test_a_hung_attempt_is_cut_at_its_deadline_and_retried() -> None:
+    sdk = ScriptedSDK(HANG, "fine")
+    c = client(sdk, deadline=warmed())
+    result = complete(c)
+    assert result.text == "fine"
+    assert result.attempts == 2 and sdk.calls == 2 and sdk.cancelled == 1
+    assert result.retries == {"llm_timeout": 1}
+
+
+def test_an_attempt_sent_cold_is_cut_once_the_deadline_is_known() -> None:
+    """Sent before any latency was known (deadline = timeout_s = 600 s), it is cut
+    within seconds once other answers have shown what normal looks like."""
+    hung = ScriptedSDK(HANG, "late but fine")
+    deadline = AttemptDeadline(600.0, floor_s=0.05, min_samples=10)
+    c = client(hung, deadline=deadline)
+
+    async def go() -> Completion:
+        task = asyncio.ensure_future(c.complete(MESSAGES, request_id="cold"))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        for _ in range(10):  # answers of other requests arrive
+            deadline.observe(0.002)
+        return await asyncio.wait_for(task, 30)
+
+    result = asyncio.run(go())
+    assert result.text == "late but fine" and hung.cancelled == 1
+
+
+def test_the_request_deadline_bounds_every_attempt_and_backoff_together() -> None:
+    sdk = ScriptedSDK(HANG)
+    c = client(sdk, deadline=warmed(floor_s=0.2), attempts=1000, request_deadline_s=1.0)
+    with pytest.raises(LLMTimeout) as info:
+        complete(c)
+    assert 1 <= info.value.attempts <= 6  # type: ignore[attr-defined]
+    assert sdk.calls == info.value.attempts  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ one endpoint, open breaker
+
+
+def test_a_single_endpoint_with_an_open_breaker_backs_off_instead_of_failing() -> None:
+    """Two 500s open the only breaker; the third attempt waits for the probe instead
+    of failing as 'all 1 circuit breakers are open' without being sent."""
+    clock = Clock()
+    sleep = Sleep(clock)
+    sdk = ScriptedSDK(LLMServerError("500", status=500), LLMServerError("500"), "back")
+    c = client(sdk, attempts=3, threshold=2, cooldown_s=30.0, clock=clock, sleep=sleep)
+    result = complete(c)
+    assert result.text == "back"
+    assert result.attempts == 3 == sdk.calls  # every counted attempt reached the wire
+    assert any(d >= 29.0 for d in sleep.delays)  # waited for the cooldown
+    assert c.pool.state("only") is CircuitState.CLOSED  # the probe closed it
+
+
+def test_attempts_count_only_what_reached_the_wire() -> None:
+    clock = Clock()
+    sdk = ScriptedSDK(LLMServerError("down"))
+    c = client(sdk, attempts=4, threshold=1, cooldown_s=5.0, clock=clock, sleep=Sleep(clock))
+    with pytest.raises(LLMServerError) as info:
+        complete(c)
+    assert info.value.attempts == 4 == sdk.calls  # type: ignore[attr-defined]
+
+
+def test_never_sent_before_the_request_deadline_is_unavailable_not_failed() -> None:
+    clock = Clock()
+    sdk = ScriptedSDK(LLMServerError("down"), "never asked")
+    c = client(
+        sdk, threshold=1, cooldown_s=600.0, request_deadline_s=60.0, clock=clock, sleep=Sleep(clock)
+    )
+    with pytest.raises(LLMServerError):
+        complete(c, "first")  # sent once, failed: opens the breaker for 600 s
+    with pytest.raises(LLMUnavailable) as info:
+        complete(c, "second")
+    assert info.value.attempts == 0 and sdk.calls == 1  # type: ignore[attr-defined]
+
+
+def test_unavailable_rows_are_unissued_not_failed() -> None:
+    from factory.stages.base import UNISSUED, make_row
+    from factory.stages.llm_stage import LLMStage
+
+    class Stage(LLMStage):
+        name = "amplify"
+        requires = ()
+
+        async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+            await self.call(row, MESSAGES, "rid")
+            return row
+
+    class Down:
+        async def complete(self, messages: Any, *, request_id: str) -> Completion:
+            err = LLMUnavailable("no endpoint")
+            err.attempts = 0  # type: ignore[attr-defined]
+            raise err
+
+    stage = Stage()
+    stage.client = Down()  # type: ignore[assignment]
+    row = asyncio.run(stage.arun_one(make_row()))
+    assert row["status"] == UNISSUED and row["reason"] == "llm_unavailable"
+
+
+# ------------------------------------------------------------------ retries summarised
+
+
+def test_retries_are_counted_by_reason_and_logged_only_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sdk = ScriptedSDK(
+        LLMRateLimited("429", retry_after=0.1), LLMServerError("502"), LLMRateLimited("429"), "ok"
+    )
+    c = client(sdk)
+    with caplog.at_level(logging.INFO, logger="factory"):
+        result = complete(c)
+    assert result.retries == {"llm_rate_limited": 2, "llm_server_error": 1}
+    assert result.attempts == 4
+    assert c.retries == {"llm_rate_limited": 2, "llm_server_error": 1}
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+# ------------------------------------------------------------------ the limiter
+
+
+def test_random_refusals_do_not_collapse_the_concurrency() -> None:
+    """A fifth of the attempts refused at random (issue 8's storm): each refused request
+    waits its Retry-After; the concurrency stays near the configured one."""
+    clock = Clock()
+    lim = AdaptiveLimiter(40, clock=clock)
+    for i in range(2000):
+        clock.t += 0.01
+        if i % 5 == 0:
+            lim.on_attempt(overloaded=True)
+        else:
+            lim.on_success(0.2)
+    assert lim.limit >= 30
+
+
+def test_mostly_refused_attempts_halve_the_concurrency() -> None:
+    clock = Clock()
+    lim = AdaptiveLimiter(40, clock=clock)
+    for _ in range(200):
+        clock.t += 0.1
+        lim.on_attempt(overloaded=True)
+    assert lim.limit <= 10 and lim.decreases >= 2
+
+
+def test_a_hung_answer_that_arrives_does_not_look_like_queueing() -> None:
+    lim = AdaptiveLimiter(64)
+    for _ in range(40):
+        lim.on_success(0.2)
+    lim.on_success(300.0)  # a stall that finally answered
+    for _ in range(40):
+        lim.on_success(0.2)
+    assert lim.limit == 64 and lim.decreases == 0
