@@ -69,6 +69,13 @@ def plan_round(
 
 
 ROWS_PER_CALL_BLOCK = 512
+# Tasks (blocks) each LLM actor works on at once. Ray Data ends a task only when every
+# row of its block is done, and hands outputs on in order (preserve_order keeps runs
+# deterministic for resume), so a task whose last row is being retried holds no slot but
+# brings no new rows either. With many tasks per actor the rows awaiting a slot far
+# outnumber the rows waiting on a slow or hung request, and the actor's shared slot pool
+# (``LLMStage``) stays full; per-attempt deadlines bound how long a task waits.
+LLM_TASKS_PER_ACTOR = 16
 
 
 def llm_batch_size(cfg: RecipeConfig) -> int:
@@ -180,7 +187,7 @@ def _collect_seeds(
             ray_cfg=cfg.ray,
             is_async=True,
             batch_size=llm_batch_size(cfg),
-            max_concurrent_batches=4,
+            max_concurrent_batches=LLM_TASKS_PER_ACTOR,
         )
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
     failed = RejectWriter(out_dir, subdir="failed/seeds")
@@ -237,8 +244,9 @@ def _call_dataset(
 
     # Few, large blocks: every read task costs a Ray worker ~0.3 CPU-s of fixed overhead
     # (measured: 700 blocks of 128 rows spent 200 CPU-s on 90k calls); a block of up to
-    # 512 rows still streams, and at least two blocks per actor keep every actor busy.
-    blocks = max(2 * cfg.ray.actors, math.ceil(n / ROWS_PER_CALL_BLOCK))
+    # 512 rows still streams, and at least four blocks per actor keep every actor busy
+    # when one block waits for its slowest row.
+    blocks = max(4 * cfg.ray.actors, math.ceil(n / ROWS_PER_CALL_BLOCK))
     ds = ray.data.range(n, override_num_blocks=min(n, blocks))
     return map_stage(
         ds,
@@ -251,7 +259,7 @@ def _call_dataset(
         is_async=True,
         then=[(build_postprocess, (cfg,))],
         batch_size=llm_batch_size(cfg),
-        max_concurrent_batches=4,
+        max_concurrent_batches=LLM_TASKS_PER_ACTOR,
     )
 
 
