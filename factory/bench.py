@@ -341,7 +341,8 @@ def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
     seeds = make_seeds(args.seeds, work / "seeds.jsonl")
     clean = _storm_run(args, seeds, work, "clean", "")
     storm = _storm_run(args, seeds, work, "storm", args.defects)
-    ratio = storm["wall_s"] / clean["wall_s"] if clean["finished"] and storm["finished"] else None
+    done = all(r["finished"] and r["exit_code"] == 0 for r in (clean, storm))
+    ratio = storm["wall_s"] / clean["wall_s"] if done else None
     return {
         "seeds": args.seeds,
         "target": args.target,

@@ -8,6 +8,7 @@ No Ray here: actors build an ``LLMClient`` once and await it per row.
 from __future__ import annotations
 
 from factory.llm.client import Completion, LLMClient, openai_client_factory, translate_error
+from factory.llm.deadline import AttemptDeadline
 from factory.llm.params import RequestParams, build_request, model_family, resolve_params
 from factory.llm.pool import CircuitState, Endpoint, EndpointPool, EndpointStats, Lease
 from factory.llm.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, PriceTable, cost
@@ -16,6 +17,7 @@ from factory.llm.retry import RetryPolicy, RetryResult, call_with_retry, parse_r
 __all__ = [
     "DEFAULT_PRICES",
     "PRICES_AS_OF",
+    "AttemptDeadline",
     "CircuitState",
     "Completion",
     "Endpoint",

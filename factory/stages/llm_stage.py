@@ -17,6 +17,7 @@ from factory.cache import ResponseCache, completion_from_record, completion_to_r
 from factory.config import RecipeConfig
 from factory.errors import LLMError, LLMUnavailable
 from factory.llm import (
+    AttemptDeadline,
     Completion,
     Endpoint,
     EndpointPool,
@@ -25,7 +26,6 @@ from factory.llm import (
     RetryPolicy,
     openai_client_factory,
 )
-from factory.llm.deadline import AttemptDeadline
 from factory.llm.http import aiohttp_client_factory
 from factory.secrets import redact
 from factory.stages.base import UNISSUED, Stage, fail
