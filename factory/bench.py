@@ -268,6 +268,20 @@ def _kill_ray(tmpdir: str) -> None:
 def _storm_run(
     args: argparse.Namespace, seeds: Path, work: Path, name: str, defects: str
 ) -> dict[str, Any]:
+    """``_one_storm_run``, again (in a fresh folder) when Ray itself failed to start, which
+    happens on a machine loaded far beyond its cores; the report says so."""
+    report = _one_storm_run(args, seeds, work, name, defects)
+    for retry in range(2):
+        if "timed out during startup" not in report.get("stderr_tail", ""):
+            break
+        report = _one_storm_run(args, seeds, work, f"{name}-again{retry + 1}", defects)
+        report["ray_start_retries"] = retry + 1
+    return report
+
+
+def _one_storm_run(
+    args: argparse.Namespace, seeds: Path, work: Path, name: str, defects: str
+) -> dict[str, Any]:
     """One amplification run as ``python -m factory.run`` against its own devserver, capped
     at ``--timeout`` seconds; the server's counters say how far a capped run got."""
     extra = ["--defects", defects] if defects else []

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from factory.errors import LLMRateLimited, LLMServerError, LLMTimeout, LLMUnavailable
+from factory import errors
+from factory.errors import LLMRateLimited, LLMServerError, LLMTimeout
 from factory.llm.client import Completion, LLMClient
-from factory.llm.deadline import AttemptDeadline
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.pool import CircuitState, Endpoint, EndpointPool
 from factory.llm.retry import RetryPolicy
@@ -85,7 +85,7 @@ class ScriptedSDK:
 def client(
     sdk: ScriptedSDK,
     *,
-    deadline: AttemptDeadline | None = None,
+    deadline: Any = None,
     attempts: int = 6,
     threshold: int = 5,
     cooldown_s: float = 30.0,
@@ -100,6 +100,12 @@ def client(
         cooldown_s=cooldown_s,
         clock=clock,
     )
+    # Only new options when a test uses them: the others also run on older clients.
+    extra: dict[str, Any] = {}
+    if deadline is not None:
+        extra["deadline"] = deadline
+    if request_deadline_s is not None:
+        extra["request_deadline_s"] = request_deadline_s
     return LLMClient(
         pool,
         "m",
@@ -108,8 +114,7 @@ def client(
         timeout_s=600.0,
         retry=RetryPolicy(max_attempts=attempts, base_delay=0.5, max_delay=2.0, jitter=False),
         price=None,
-        deadline=deadline,
-        request_deadline_s=request_deadline_s,
+        **extra,
         client_factory=lambda *a: sdk,
         sleep=sleep or Sleep(clock),
         clock=clock,
@@ -127,6 +132,8 @@ def complete(c: LLMClient, rid: str = "r1", guard_s: float = 60.0) -> Completion
 
 
 def test_deadline_is_the_ceiling_until_answers_are_seen_then_k_times_p99_clamped() -> None:
+    from factory.llm.deadline import AttemptDeadline
+
     d = AttemptDeadline(600.0, floor_s=5.0, p99_factor=4.0, min_samples=100)
     assert d.timeout_s() == 600.0  # nothing seen: only timeout_s is known
     for _ in range(5):
@@ -151,6 +158,8 @@ def test_deadline_is_the_ceiling_until_answers_are_seen_then_k_times_p99_clamped
 
 
 def test_deadline_follows_the_recent_window() -> None:
+    from factory.llm.deadline import AttemptDeadline
+
     d = AttemptDeadline(600.0, floor_s=0.1, p99_factor=4.0, min_samples=10, window=64)
     for _ in range(64):
         d.observe(10.0)
@@ -163,7 +172,9 @@ def test_deadline_follows_the_recent_window() -> None:
 # ------------------------------------------------------------------ hung attempts
 
 
-def warmed(floor_s: float = 0.05) -> AttemptDeadline:
+def warmed(floor_s: float = 0.05) -> Any:
+    from factory.llm.deadline import AttemptDeadline
+
     d = AttemptDeadline(600.0, floor_s=floor_s, p99_factor=4.0, min_samples=10)
     for _ in range(10):
         d.observe(0.001)
@@ -182,6 +193,8 @@ def test_a_hung_attempt_is_cut_at_its_deadline_and_retried() -> None:
 def test_an_attempt_sent_cold_is_cut_once_the_deadline_is_known() -> None:
     """Sent before any latency was known (deadline = timeout_s = 600 s), it is cut
     within seconds once other answers have shown what normal looks like."""
+    from factory.llm.deadline import AttemptDeadline
+
     hung = ScriptedSDK(HANG, "late but fine")
     deadline = AttemptDeadline(600.0, floor_s=0.05, min_samples=10)
     c = client(hung, deadline=deadline)
@@ -241,7 +254,7 @@ def test_never_sent_before_the_request_deadline_is_unavailable_not_failed() -> N
     )
     with pytest.raises(LLMServerError):
         complete(c, "first")  # sent once, failed: opens the breaker for 600 s
-    with pytest.raises(LLMUnavailable) as info:
+    with pytest.raises(errors.LLMUnavailable) as info:
         complete(c, "second")
     assert info.value.attempts == 0 and sdk.calls == 1  # type: ignore[attr-defined]
 
@@ -260,7 +273,7 @@ def test_unavailable_rows_are_unissued_not_failed() -> None:
 
     class Down:
         async def complete(self, messages: Any, *, request_id: str) -> Completion:
-            err = LLMUnavailable("no endpoint")
+            err = errors.LLMUnavailable("no endpoint")
             err.attempts = 0  # type: ignore[attr-defined]
             raise err
 
