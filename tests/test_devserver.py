@@ -409,3 +409,31 @@ def test_cli_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_heavy_tailed_latency_by_median_and_p99_ratio() -> None:
+    """``--latency lognormal --latency-ms 100 --latency-p99-ratio 10``: median 100 ms, p99
+    1 s (a real model's tail); the mean the benchmark's limit uses is 1.63 x the median."""
+    import random
+
+    from factory.devserver.app import _State
+
+    state = _State(DevServerConfig(latency="lognormal", latency_ms=100.0, latency_p99_ratio=10.0))
+    rng = random.Random(7)
+    draws = sorted(state.latency_s(rng) for _ in range(40_000))
+    median, p99 = draws[len(draws) // 2], draws[int(0.99 * len(draws))]
+    assert median == pytest.approx(0.1, rel=0.05)
+    assert p99 / median == pytest.approx(10.0, rel=0.1)
+    assert sum(draws) / len(draws) == pytest.approx(0.163, rel=0.05)
+    with pytest.raises(ConfigError):
+        DevServerConfig(latency="fixed", latency_p99_ratio=10.0)
+
+
+def test_stats_report_the_mean_latency_served() -> None:
+    with DevServer(DevServerConfig(latency_ms=30.0)) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
+        for _ in range(3):
+            client.chat.completions.create(
+                model="factory-dev", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert server.stats()["latency_mean_s"] == pytest.approx(0.03, rel=1e-6)
