@@ -393,6 +393,8 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             else None,
         },
         generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
+        # What the run-wide budget counted (every stage): comparable with cost_usd and tokens.
+        budget=None if budget is None else ray.get(budget.snapshot.remote()),
         timings=timings,
         model=cfg.llm.model,
     )
