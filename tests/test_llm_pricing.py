@@ -140,7 +140,7 @@ NAMED_MODELS = {
 def test_the_price_table_is_dated_sourced_and_complete_for_the_named_models() -> None:
     import re
 
-    from factory.llm.pricing import PRICES_SOURCE
+    from factory.llm import pricing
 
     from .conftest import ROOT
 
@@ -155,7 +155,7 @@ def test_the_price_table_is_dated_sourced_and_complete_for_the_named_models() ->
     missing = sorted((named | NAMED_MODELS) - set(DEFAULT_PRICES))
     assert not missing, f"unpriced: {missing}"
     assert re.fullmatch(r"20\d\d-\d\d-\d\d", PRICES_AS_OF)
-    assert "openai.com" in PRICES_SOURCE
+    assert "openai.com" in pricing.PRICES_SOURCE
     # Figures of OpenAI's pricing page as of PRICES_AS_OF (Standard tier).
     assert DEFAULT_PRICES["gpt-5-nano"] == Price(0.05, 0.005, 0.40)
     assert DEFAULT_PRICES["o3"] == Price(2.00, 0.50, 8.00)
