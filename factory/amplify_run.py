@@ -27,8 +27,9 @@ from factory.errors import SeedError
 from factory.mixture import Mixture, select
 from factory.prompts import PromptTemplate, estimate_tokens
 from factory.runner import RunResult, _progress
+from factory.runstate import load_rounds, save_rounds
 from factory.stages.amplify import amplify_template
-from factory.stages.base import FAILED, OK, REJECTED
+from factory.stages.base import FAILED, OK, REJECTED, UNISSUED
 from factory.writer import Manifest, RejectWriter, ShardWriter
 
 __all__ = ["plan_round", "preflight", "run_amplify"]
@@ -135,6 +136,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
         for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
             data.extend(r for r in batch.to_pylist() if r["id"] in chosen)
     data.close()
+    collector.manifest.files.update(data.files)
     if selection.shortfall and not mx.allow_shortfall:
         raise SeedError("shortfall", f"mixture quotas not met: {selection.shortfall}")
     return {**selection.summary(), "written": data.rows_written, "report": selection.report()}
@@ -166,11 +168,14 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
 
 
 def _collect_seeds(
-    cfg: RecipeConfig, out_dir: Path, manifest: Manifest
+    cfg: RecipeConfig, out_dir: Path, manifest: Manifest, collector: Collector
 ) -> tuple[dict[str, str], Counter[str], float]:
     """Run phase 1: kept seeds ``{id: record JSON}``, judge tokens and cost.
 
-    Rejected and failed seeds go to ``rejects/seeds/`` and ``failed/seeds/``.
+    Rejected and failed seeds go to ``rejects/seeds/`` and ``failed/seeds/``; seeds a
+    cap left unjudged are ``unissued`` (not rejects: nothing was decided about them).
+    What the judge paid this run, its cache replays and any response the cache
+    refused are recorded on ``collector`` (run-wide figures).
     """
     from factory.pipeline import checked_seed_dataset, iter_rows
     from factory.raycompat import map_stage
@@ -193,14 +198,22 @@ def _collect_seeds(
     failed = RejectWriter(out_dir, subdir="failed/seeds")
     kept: dict[str, str] = {}
     tokens: Counter[str] = Counter()
-    counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0}
+    counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
     reasons: dict[str, int] = {}
     retries: Counter[str] = Counter()
     cost = 0.0
     for row in iter_rows(ds):
         counts["total"] += 1
         sum_retries(retries, row)
+        collector.take_unstored(row)
+        if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
+            counts["unissued"] += 1
+            continue
         cost += float(row.get("cost_usd") or 0.0)
+        if row.get("cached"):
+            collector.replayed += 1
+        else:
+            collector.paid_usd += float(row.get("cost_usd") or 0.0)
         if row.get("usage"):
             tokens.update(json.loads(row["usage"]))
         if row["status"] == OK and row["id"] in kept:
@@ -221,8 +234,9 @@ def _collect_seeds(
         writer.add({k: v for k, v in row.items() if v is not None})
     rejects.close()
     failed.close()
+    manifest.files.update({**rejects.files, **failed.files})
     manifest.extra["seeds"] = {**counts, "reasons": reasons, "retries": dict(retries)}
-    if not kept:
+    if not kept and not counts["unissued"] and not collector.unstored:
         raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
     return kept, tokens, cost
 
@@ -278,9 +292,6 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     init_ray()
     budget = _start_budget(cfg)
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
-    phase_start = time.time()
-    kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
-    timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
     target = cfg.amplify.target
     # With a mixture, accepted rows are candidates; the selection is written to data/.
     collector = Collector(
@@ -294,16 +305,26 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         data_subdir="candidates" if cfg.mixture else "data",
         keep_labels=cfg.mixture is not None,
     )
+    phase_start = time.time()
+    kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest, collector)
+    timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
+    seeds_unissued = manifest.extra["seeds"]["unissued"]
     order = seed_order(list(kept), cfg.amplify.seed)
-    cap = math.ceil(target / len(kept))
+    cap = math.ceil(target / max(1, len(kept)))
+    # Rounds an earlier run of this folder issued: issued again first, exactly (their
+    # answers are cached), so a resumed or extended run pays only for what is missing.
+    previous = load_rounds(out_dir)
+    issued_rounds: list[dict[str, Any]] = []
     calls: Counter[str] = Counter()  # calls made per seed: later rounds continue variations
     retries: Counter[str] = Counter()  # retried attempts by reason (amplification)
     fingerprints: set[str] = set()
     # ``next_index``: first call index of the next round; ``issued``: calls actually sent
     # (a budget cap may leave some of a round's calls unissued).
     next_index, issued, rounds, stopped_by, stalled = 0, 0, 0, None, False
+    if not kept:  # a cap stopped the judge (or the cache refused its answers: below)
+        stopped_by = _budget_stop(budget)
     with _progress(progress, target, "accepted") as bar:
-        while not collector.done:
+        while kept and not collector.done and collector.cache_error is None:
             used = collector.tokens + judge_tokens  # caps count the judge's spend too
             n, stopped_by = plan_round(
                 cfg,
@@ -314,9 +335,16 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             )
             if n == 0:
                 break
+            replay = previous[rounds] if rounds < len(previous) else None
+            if replay is not None and replay.get("start") == next_index:
+                n, plan = int(replay["n"]), _plan_from_json(replay.get("plan"))
+            else:
+                previous = previous[:rounds]  # this run goes its own way from here
+                plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
+            issued_rounds.append({"start": next_index, "n": n, "plan": plan})
+            save_rounds(out_dir, issued_rounds + previous[len(issued_rounds) :])
             before = collector.accepted
             round_start = time.time()
-            plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
             for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
                 if row.get("seed_id"):
                     calls[row["seed_id"]] += 1
@@ -336,6 +364,9 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             issued = collector.total
             rounds += 1
             timings["rounds"].append({"calls": n, "seconds": round(time.time() - round_start, 2)})
+            if collector.cache_error is not None:
+                stopped_by = "cache_write"
+                break
             if budget is not None:
                 stopped_by = ray.get(budget.snapshot.remote())["stopped_by"]
                 if stopped_by:
@@ -343,6 +374,9 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             if collector.accepted == before:
                 stalled = True
                 break
+    if collector.cache_error is not None:  # in either phase: no new call was started
+        stopped_by = "cache_write"
+    stopped_by = stopped_by or ("no_progress" if stalled else None)
     static = estimate_tokens(template.static)
     prompt_tokens = collector.tokens["prompt_tokens"]
     reached = collector.accepted >= target
@@ -350,6 +384,8 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     amplify_cost = collector.cost_usd
     collector.tokens.update(judge_tokens)  # manifest "tokens" / "cost_usd": whole-run totals
     collector.cost_usd += judge_cost
+    amplify_unissued = collector.unissued
+    collector.unissued += seeds_unissued  # calls a cap refused, whichever stage asked
     mixture_report = select_mixture(cfg, out_dir, collector) if cfg.mixture else None
     judge_retries = manifest.extra["seeds"].get("retries") or {}
     totals = collector.close(
@@ -369,11 +405,8 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         retries=dict(sorted((retries + Counter(judge_retries)).items())),
         pipeline="amplify",
         calls={"issued": issued, "rounds": rounds},
-        target={
-            "requested": target,
-            "reached": reached,
-            "stopped_by": stopped_by or ("no_progress" if stalled else None),
-        },
+        unissued_by_stage={"prefilter": seeds_unissued, "amplify": amplify_unissued},
+        target={"requested": target, "reached": reached, "stopped_by": stopped_by},
         prompt_cache={
             "static_prefix_tokens_per_call": static,
             "static_prefix_share": round(static * issued / prompt_tokens, 4)
@@ -384,10 +417,37 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             else None,
         },
         generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
+        # What the run-wide budget counted (every stage): comparable with cost_usd and tokens.
+        budget=None if budget is None else ray.get(budget.snapshot.remote()),
         timings=timings,
         model=cfg.llm.model,
     )
     manifest_dict = manifest.to_dict(**totals)
-    return RunResult(
+    result = RunResult(
         out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=time.time() - started
     )
+    if collector.cache_error is not None:
+        result.error = (
+            f"cannot store LLM responses in the cache ({collector.cache_error}); the run stopped "
+            f"issuing calls; {len(collector.unstored)} paid responses are counted (tokens, cost, "
+            f"budget) and kept in {', '.join(collector.unstored_in)} (the next run stores them "
+            "in the cache); make the cache writable and run the same command again to resume"
+        )
+    return result
+
+
+def _budget_stop(budget: Any) -> str | None:
+    """The cap the budget actor saw reached, if any."""
+    if budget is None:
+        return None
+    import ray
+
+    return ray.get(budget.snapshot.remote())["stopped_by"]
+
+
+def _plan_from_json(plan: Any) -> tuple[list[str], dict[str, int]] | None:
+    """A round plan as ``save_rounds`` stored it (JSON has no tuples)."""
+    if not plan:
+        return None
+    room, base = plan
+    return list(room), {str(k): int(v) for k, v in base.items()}

@@ -12,6 +12,10 @@ cost nothing now) but their recorded cost and tokens count towards the caps,
 so a cap means the total spend behind one output folder, across resumes, and
 raising it and resuming continues exactly where the capped run stopped.
 
+A cost cap needs a price for every model it watches: an unpriced model costs 0,
+so a cap over it would never trigger. ``check_cost_cap_priced`` refuses such a
+recipe before anything starts.
+
 ``BudgetState`` is the pure logic (unit-tested without Ray); ``BudgetActor`` is
 the thin Ray wrapper.
 """
@@ -20,9 +24,43 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BudgetActor", "BudgetState", "budget_actor"]
+from factory.errors import ConfigError
+
+if TYPE_CHECKING:
+    from factory.config import RecipeConfig
+
+__all__ = ["BudgetActor", "BudgetState", "budget_actor", "check_cost_cap_priced"]
+
+
+def check_cost_cap_priced(cfg: RecipeConfig) -> None:
+    """Refuse a ``max_cost_usd`` cap when a model it must watch has no price.
+
+    Raises:
+        ConfigError: naming the model, where it is used and how to price it
+            (``prices:`` in the recipe, USD per million tokens).
+    """
+    from factory.llm.pricing import PRICES_AS_OF, PriceTable
+
+    amp = cfg.amplify
+    if cfg.pipeline != "amplify" or amp is None or amp.max_cost_usd is None or cfg.llm is None:
+        return
+    used = [("llm.model", cfg.llm.model)]
+    if cfg.prefilter.enabled:
+        used.append(("prefilter.model", cfg.prefilter.model or cfg.llm.model))
+    table = PriceTable.from_config(cfg.prices)
+    for key, model in used:
+        if model not in table:
+            raise ConfigError(
+                f"amplify.max_cost_usd is {amp.max_cost_usd} but {key} {model!r} has no price "
+                f"(built-in prices as of {PRICES_AS_OF} do not list it), so its spend would "
+                "count as 0 and the cap could never stop the run; give it a price in the "
+                f"recipe, in USD per million tokens: prices: {{{model}: {{input_per_mtok: ..., "
+                "cached_input_per_mtok: ..., output_per_mtok: ...}}, or remove the cap "
+                "(--set amplify.max_cost_usd=null)",
+                key_path=f"prices.{model}",
+            )
 
 
 @dataclass

@@ -174,7 +174,7 @@ class _LocalStore:
                 return {
                     e.name: e.stat().st_size for e in it if e.name.endswith(_SUFFIX) and e.is_file()
                 }
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing written yet (or ever)
             return {}
 
     def _fd(self, name: str) -> int:
@@ -672,6 +672,12 @@ class ResponseCache:
     @property
     def writer_id(self) -> str:
         return self._writer_id
+
+    @property
+    def location(self) -> str:
+        """Where the cache lives (folder or URI), for messages."""
+        loc = self._location
+        return f"{loc[1]} on {type(loc[0]).__name__}" if isinstance(loc, tuple) else str(loc)
 
 
 def _restore(location: Location, args: dict[str, Any]) -> ResponseCache:

@@ -61,6 +61,11 @@ class Collector:
         self.paid_usd = 0.0
         self.replayed = 0
         self.unissued = 0
+        # Paid responses the cache refused (request id, cache record) and why; kept by
+        # ``save_unstored`` before anything else is written.
+        self.unstored: list[str] = []  # request ids
+        self.unstored_in: list[str] = []  # where they were kept
+        self.cache_error: str | None = None
         self.grounding: Counter[str] = Counter()
         # (id, labels) of accepted rows, kept only when a mixture will select from them.
         self.keep_labels = keep_labels
@@ -94,6 +99,7 @@ class Collector:
     # -- rows ------------------------------------------------------------------------------
     def add(self, row: dict[str, Any]) -> str:
         """File one final row; returns accepted | surplus | rejected | failed | unissued."""
+        self.take_unstored(row)
         if row.get("status") == UNISSUED:  # never sent: a budget cap stopped it
             self.unissued += 1
             return UNISSUED
@@ -136,15 +142,32 @@ class Collector:
             kind = FAILED if status == FAILED else REJECTED
             self.manifest.reason(row.get("stage") or "?", row.get("reason") or "unknown")
             self.decided[row.get("stage") or "?"][kind] += 1
-            slim = {k: v for k, v in row.items() if v is not None and k not in ("output",)}
+            slim = {
+                k: v for k, v in row.items() if v is not None and k not in ("output", "unstored")
+            }
             (self.failed if kind == FAILED else self.rejects).add(slim)
         self.counts[kind] += 1
         return kind
+
+    def take_unstored(self, row: dict[str, Any]) -> None:
+        """Keep a paid response the cache could not store, at once (before any other
+        write can fail on the same full disk); the row itself counts as usual."""
+        from factory.runstate import save_unstored
+
+        if not row.get("unstored"):
+            return
+        info = json.loads(row["unstored"])
+        where = save_unstored(self.out_dir, [(info["request_id"], info["record"])])
+        self.unstored.append(info["request_id"])
+        if where not in self.unstored_in:
+            self.unstored_in.append(where)
+        self.cache_error = self.cache_error or info.get("error")
 
     def close(self, **extra: Any) -> dict[str, Any]:
         """Flush everything; write dataset_info.json and manifest.json. Returns the totals."""
         for w in (self.data, self.surplus, self.rejects, self.failed):
             w.close()
+            self.manifest.files.update(w.files)
         write_dataset_info(self.out_dir, self.dataset_name)
         totals = {
             "total": self.total,
@@ -159,7 +182,6 @@ class Collector:
             g["fidelity"] = round(g["matched"] / g["calls"], 4) if g.get("calls") else 1.0
             self.manifest.extra["grounding"] = g
         self.manifest.extra.update(
-            files={"data": self.data.files, "surplus": self.surplus.files},
             tokens=dict(self.tokens),
             cost_usd=round(self.cost_usd, 6),
             cost_usd_paid_this_run=round(self.paid_usd, 6),
@@ -167,5 +189,12 @@ class Collector:
             unissued=self.unissued,
             **extra,
         )
+        if self.unstored:
+            self.manifest.extra["unstored"] = {
+                "responses": len(self.unstored),
+                "kept_in": self.unstored_in,
+                "request_ids": self.unstored,
+                "error": self.cache_error,
+            }
         self.manifest.write(self.out_dir, **totals)
         return totals

@@ -217,8 +217,9 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
         pipeline="envsim",
         episodes=episodes,
         mixture={**selection.summary(), "groups": dict(groups)},
-        files={"data": data.files, "candidates": candidates.files},
     )
+    for writer in (data, candidates, rejects):
+        manifest.files.update(writer.files)
     manifest.write(out_dir, **totals)
     result = RunResult(out_dir, totals, manifest.to_dict(**totals), wall_s=time.time() - started)
     result.extra["report"] = selection.report()

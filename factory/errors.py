@@ -17,6 +17,8 @@ tree (kept in step with the classes below)::
     │   ├── LLMUnavailable          no endpoint took it before its deadline (never sent)
     │   └── LLMBadRequest           4xx other than 408/429 (not retryable)
     ├── BudgetExceeded              a cost / token / call cap was reached
+    ├── OutputLocked                another run holds the output folder (.lock)
+    ├── OutputWriteError            a file of the output or cache could not be written
     └── EnvironmentError_           executable world refused an action (tool error)
 
 Messages say what to do next and never carry a secret or a whole payload:
@@ -28,6 +30,7 @@ Exit codes of ``python -m factory.run`` are attached to the top-level classes
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -41,10 +44,13 @@ __all__ = [
     "LLMServerError",
     "LLMTimeout",
     "LLMUnavailable",
+    "OutputLocked",
+    "OutputWriteError",
     "RepairError",
     "SeedError",
     "SeedFormatError",
     "ValidationError",
+    "describe_os_error",
     "short",
 ]
 
@@ -195,3 +201,44 @@ class EnvironmentError_(FactoryError):
     """An executable world refused an action; its text becomes an ``Error: ...`` observation."""
 
     reason = "env_error"
+
+
+class OutputLocked(FactoryError):
+    """Another live run holds the output folder's lock; nothing was touched."""
+
+    exit_code = EXIT_LOCKED
+    reason = "locked"
+
+
+class OutputWriteError(FactoryError):
+    """Writing a file of the output (shard, manifest, rejects) or of the cache failed.
+
+    Why a class of its own: a full disk or a read-only mount is not a bug of the
+    factory (exit 1 said "internal error" without the path); the message names the
+    path and the OS error, and the folder stays resumable.
+    """
+
+    exit_code = EXIT_WRITE
+    reason = "write_failed"
+
+    def __init__(
+        self, path: Any, error: BaseException | str, *, hint: str | None = None, **kw: Any
+    ):
+        self.path = str(path)
+        detail = describe_os_error(error) if isinstance(error, BaseException) else error
+        text = f"cannot write {self.path}: {detail}"
+        text += (
+            f"; {hint}"
+            if hint
+            else ("; free space (or fix the permissions) and run the same command again to resume")
+        )
+        super().__init__(text, **kw)
+
+
+def describe_os_error(error: BaseException) -> str:
+    """``[Errno 28] No space left on device (ENOSPC)`` for an OSError, else ``Type: text``."""
+    if isinstance(error, OSError) and error.errno is not None:
+        name = errno.errorcode.get(error.errno, "")
+        text = f"[Errno {error.errno}] {error.strerror or error}"
+        return f"{text} ({name})" if name else text
+    return f"{type(error).__name__}: {short(str(error), 300)}"

@@ -3,7 +3,8 @@
 Parses arguments and calls one library function. Expected errors become a
 one-line message and a documented exit code (README, "Exit codes"):
 0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
-cap. Under pytest unexpected errors re-raise so tests see the traceback.
+cap, 5 stopped before the target, 6 output folder in use, 7 a write failed.
+Under pytest unexpected errors re-raise so tests see the traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config import load_recipe, resolve_recipe_path
-from factory.errors import EXIT_INTERNAL, FactoryError
+from factory.errors import EXIT_INTERNAL, ConfigError, FactoryError
 from factory.secrets import install_log_redaction, redact
 
 __all__ = ["main"]
@@ -56,7 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="start over in the output folder (by default a run there is resumed)",
+        help="start over in the output folder (by default a run there is resumed); "
+        "the response cache is kept, so answers already paid for are reused",
+    )
+    p.add_argument(
+        "--drop-cache",
+        action="store_true",
+        help="with --fresh: delete the folder's response cache too (its calls are paid again)",
     )
     p.add_argument(
         "--retry-failed",
@@ -72,10 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     install_log_redaction()
     server = None
     try:
+        if args.drop_cache and not args.fresh:
+            raise ConfigError("--drop-cache deletes the response cache and goes with --fresh")
         overrides = list(args.overrides)
         if args.devserver is not None and not args.dry_run:
             server = _start_devserver(args.devserver)
-            overrides += devserver_overrides(server.url)
+            # The dev model's price first, so a --set prices... of the user wins.
+            overrides = [DEVSERVER_PRICE, *overrides, *devserver_overrides(server.url)]
         cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
         if args.dry_run:
             from factory.plan import make_plan
@@ -92,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             fresh=args.fresh,
             retry_failed=args.retry_failed,
+            drop_cache=args.drop_cache,
         )
         print(result.summary())
+        if result.error:
+            print(f"error: {' '.join(redact(result.error).splitlines())}", file=sys.stderr)
         return result.exit_code
     except FactoryError as exc:
         # One line, always: YAML and jsonschema messages carry line breaks of their own.
@@ -114,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+
+
+# The development model's price: gpt-5's list price (factory.llm.pricing), so a recipe's
+# max_cost_usd cap works offline as it would against the real model (a cap over an
+# unpriced model is refused).
+DEVSERVER_PRICE = (
+    "prices.factory-dev={input_per_mtok: 1.25, cached_input_per_mtok: 0.125, output_per_mtok: 10.0}"
+)
 
 
 def devserver_overrides(url: str) -> list[str]:

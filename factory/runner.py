@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from factory.collect import Collector
 from factory.config import RecipeConfig, config_hash
-from factory.errors import EXIT_BUDGET, EXIT_OK
+from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE, OutputWriteError
 from factory.writer import Manifest
 
 __all__ = ["RunResult", "run"]
@@ -34,6 +34,7 @@ STAGE_ORDER = (
     "export",
     "dedup",
 )
+CAPS = ("max_calls", "max_cost_usd", "max_tokens")
 
 
 @dataclass
@@ -41,13 +42,21 @@ class RunResult:
     out_dir: Path
     totals: dict[str, int]
     manifest: dict[str, Any]
-    stopped_by: str | None = None  # the cap that stopped issuing calls, if any
+    # Why the run ended short of its target: a cap (``max_cost_usd`` ...), ``no_progress``
+    # (a round accepted nothing) or ``cache_write`` (the cache refused a response).
+    stopped_by: str | None = None
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # a write failure that stopped the run (path and OS error)
 
     @property
     def exit_code(self) -> int:
-        return EXIT_BUDGET if self.stopped_by else EXIT_OK
+        """0 only when the run did what was asked (README, "Exit codes")."""
+        if self.error is not None:
+            return EXIT_WRITE
+        if self.stopped_by in CAPS:
+            return EXIT_BUDGET
+        return EXIT_INCOMPLETE if self.stopped_by else EXIT_OK
 
     def summary(self) -> str:
         t = self.totals
@@ -86,8 +95,13 @@ class RunResult:
         if self.extra.get("report"):
             lines.append(self.extra["report"])
         lines.append(f"wall time: {self.wall_s:.1f}s")
-        if self.stopped_by:
+        if self.stopped_by in CAPS:
             lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
+        elif self.stopped_by:
+            lines.append(
+                f"stopped before the target: {self.stopped_by} "
+                "(run the same command again to continue)"
+            )
         return "\n".join(lines)
 
 
@@ -123,14 +137,39 @@ def run(
     progress: bool = True,
     fresh: bool = False,
     retry_failed: bool = False,
+    drop_cache: bool = False,
 ) -> RunResult:
     """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
-    folder holds (see ``factory.runstate``)."""
-    from factory.runstate import finish_run, prepare_output
+    folder holds (see ``factory.runstate``).
+
+    Raises:
+        ConfigError: a cost cap over an unpriced model, a folder of another recipe ...
+        OutputLocked: another run holds ``out_dir`` (nothing was touched).
+        OutputWriteError: a file could not be written (names the path).
+    """
+    from factory.budget import check_cost_cap_priced
+    from factory.runstate import hold_output
 
     out_dir = Path(out_dir).resolve()
     cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
-    mode = prepare_output(cfg, out_dir, fresh=fresh, retry_failed=retry_failed)
+    check_cost_cap_priced(cfg)  # before the folder is touched
+    with hold_output(out_dir):
+        return _run_locked(cfg, out_dir, progress, fresh, retry_failed, drop_cache)
+
+
+def _run_locked(
+    cfg: RecipeConfig,
+    out_dir: Path,
+    progress: bool,
+    fresh: bool,
+    retry_failed: bool,
+    drop_cache: bool,
+) -> RunResult:
+    from factory.runstate import finish_run, prepare_output
+
+    mode = prepare_output(
+        cfg, out_dir, fresh=fresh, retry_failed=retry_failed, drop_cache=drop_cache
+    )
     if mode == "done":
         manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
         result = RunResult(out_dir, manifest.get("totals", {}), manifest)
@@ -147,5 +186,10 @@ def run(
 
         result = run_amplify(cfg, out_dir, progress=progress)
     result.extra["mode"] = mode
-    finish_run(cfg, out_dir, stopped_by=result.stopped_by)
+    try:
+        finish_run(cfg, out_dir, stopped_by=result.stopped_by)
+    except OutputWriteError as exc:
+        if result.error is None:
+            raise
+        result.error += f"; and {exc}"  # the first failure says where the answers are
     return result

@@ -17,13 +17,14 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from factory.errors import OutputWriteError
 from factory.secrets import redact_obj
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "ShardWriter",
     "atomic_write_text",
     "write_dataset_info",
+    "writing",
 ]
 
 SHAREGPT_SCHEMA = pa.schema(
@@ -55,6 +58,17 @@ SHAREGPT_SCHEMA = pa.schema(
 )
 
 
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """Turn an ``OSError`` (disk full, read-only mount, a file where a folder should
+    be) raised while writing ``path`` into an ``OutputWriteError`` naming ``path``:
+    the user must learn which file and why, not read "internal error"."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputWriteError(path, exc) from exc
+
+
 def _tmp_path(out_dir: Path, name: str) -> Path:
     tmp = out_dir / ".tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -62,14 +76,23 @@ def _tmp_path(out_dir: Path, name: str) -> Path:
 
 
 def atomic_write_text(path: Path, text: str, out_dir: Path | None = None) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_path(out_dir or path.parent, path.name)
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half.
+
+    Raises:
+        OutputWriteError: the write failed (the message names ``path`` and the OS error).
+    """
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_path(out_dir or path.parent, path.name)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):  # a failed write leaves no stray temp file
+                tmp.unlink()
 
 
 class ShardWriter:
@@ -94,7 +117,7 @@ class ShardWriter:
         self.shard_rows = shard_rows
         self.index = start_index
         self.rows_written = 0
-        self.files: list[str] = []
+        self.files: dict[str, int] = {}  # path relative to out_dir -> rows written
         self._buffer: list[dict[str, Any]] = []
 
     def add(self, row: dict[str, Any]) -> None:
@@ -110,12 +133,17 @@ class ShardWriter:
         if not self._buffer:
             return
         name = f"part-{self.index:05d}.parquet"
-        self.dir.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pylist(self._buffer, schema=self.schema)
-        tmp = _tmp_path(self.out_dir, name)
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, self.dir / name)
-        self.files.append(f"{self.dir.name}/{name}")
+        with writing(self.dir / name):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = _tmp_path(self.out_dir, name)
+            try:
+                pq.write_table(table, tmp, compression="zstd")
+                os.replace(tmp, self.dir / name)
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        self.files[(self.dir / name).relative_to(self.out_dir).as_posix()] = len(self._buffer)
         self.rows_written += len(self._buffer)
         self.index += 1
         self._buffer = []
@@ -137,6 +165,7 @@ class RejectWriter:
         self.shard_rows = shard_rows
         self.index = 0
         self.rows_written = 0
+        self.files: dict[str, int] = {}  # path relative to out_dir -> rows written
         self._buffer: list[str] = []
 
     def add(self, row: dict[str, Any]) -> None:
@@ -149,6 +178,7 @@ class RejectWriter:
             return
         name = f"part-{self.index:05d}.jsonl"
         atomic_write_text(self.dir / name, "\n".join(self._buffer) + "\n", self.out_dir)
+        self.files[(self.dir / name).relative_to(self.out_dir).as_posix()] = len(self._buffer)
         self.rows_written += len(self._buffer)
         self.index += 1
         self._buffer = []
@@ -219,6 +249,9 @@ class Manifest:
     reasons: dict[str, Counter[str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    # Every file the run wrote (path relative to the output folder -> rows), so the
+    # manifest lists exactly what is on disk (``runstate.verify_output`` checks it).
+    files: dict[str, int] = field(default_factory=dict)
 
     def reason(self, stage: str, code: str, n: int = 1) -> None:
         self.reasons.setdefault(stage, Counter())[code] += n
@@ -233,6 +266,7 @@ class Manifest:
             "totals": totals,
             "stages": self.stages,
             "reasons": {s: dict(sorted(c.items())) for s, c in self.reasons.items()},
+            "files": dict(sorted(self.files.items())),
             **self.extra,
         }
 

@@ -117,6 +117,8 @@ def test_prepare_output_resume_refuse_fresh_done(tmp_path) -> None:
         prepare_output(other, out, fresh=False, retry_failed=False)
     assert info.value.key_path == "output.reasoning" and "--fresh" in str(info.value)
     assert prepare_output(other, out, fresh=True, retry_failed=False) == "new"
+    assert (out / "cache" / "w.jsonl").exists()  # paid for: --fresh keeps it
+    assert prepare_output(other, out, fresh=True, retry_failed=False, drop_cache=True) == "new"
     assert not (out / "cache").exists()
 
 

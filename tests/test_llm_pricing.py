@@ -124,8 +124,42 @@ def test_dated_snapshots_use_their_alias_price(model: str, alias: str) -> None:
 
 
 def test_mini_is_not_priced_as_its_bigger_sibling() -> None:
-    assert PriceTable().lookup("gpt-5-mini") != PriceTable().lookup("gpt-5")
-    assert PriceTable().lookup("gpt-5-nano") is None
+    table = PriceTable()
+    assert table.lookup("gpt-5-mini") != table.lookup("gpt-5")
+    assert table.lookup("gpt-5-nano") not in (table.lookup("gpt-5"), table.lookup("gpt-5-mini"))
+    assert table.lookup("gpt-5-pico") is None  # no prefix matching: unknown stays unpriced
+
+
+# Every model the README, the recipes and the issue name (gpt-4.1 family included).
+NAMED_MODELS = {
+    "gpt-5", "gpt-5-mini", "gpt-5-nano", "o3", "o4-mini", "gpt-4o", "gpt-4o-mini",
+    "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano",
+}  # fmt: skip
+
+
+def test_the_price_table_is_dated_sourced_and_complete_for_the_named_models() -> None:
+    import re
+
+    from factory.llm import pricing
+
+    from .conftest import ROOT
+
+    texts = [(ROOT / "README.md").read_text()]
+    texts += [p.read_text() for p in (ROOT / "pipelines").glob("*.yaml")]
+    named = {
+        m
+        for t in texts
+        for m in re.findall(r"\b(gpt-[0-9][\w.]*(?:-(?:mini|nano))?|o[34](?:-mini)?)\b", t)
+    }
+    assert {"o3", "gpt-5-nano", "gpt-4o-mini"} <= NAMED_MODELS
+    missing = sorted((named | NAMED_MODELS) - set(DEFAULT_PRICES))
+    assert not missing, f"unpriced: {missing}"
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d", PRICES_AS_OF)
+    assert "openai.com" in pricing.PRICES_SOURCE
+    # Figures of OpenAI's pricing page as of PRICES_AS_OF (Standard tier).
+    assert DEFAULT_PRICES["gpt-5-nano"] == Price(0.05, 0.005, 0.40)
+    assert DEFAULT_PRICES["o3"] == Price(2.00, 0.50, 8.00)
+    assert DEFAULT_PRICES["gpt-4o-mini"] == Price(0.15, 0.075, 0.60)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 
 from factory import writer
 from factory.collect import Collector
+from factory.errors import OutputWriteError
 from factory.stages.base import make_row
 from factory.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
@@ -30,7 +31,7 @@ def test_shards_are_bounded_and_readable(tmp_path: Path) -> None:
     w.close()
     files = sorted((tmp_path / "data").glob("*.parquet"))
     assert [pq.read_metadata(f).num_rows for f in files] == [3, 3, 1]
-    assert w.files == [f"data/{f.name}" for f in files]
+    assert w.files == {f"data/{f.name}": n for f, n in zip(files, [3, 3, 1], strict=True)}
     assert pl.read_parquet(files[0])["id"].to_list() == ["id0", "id1", "id2"]
     ds = datasets.load_dataset("parquet", data_dir=str(tmp_path / "data"), split="train")
     assert ds.num_rows == 7
@@ -45,9 +46,11 @@ def test_a_crash_while_writing_leaves_no_partial_shard(tmp_path: Path, monkeypat
     w = ShardWriter(tmp_path, shard_rows=2)
     w.add(sharegpt(0))
     monkeypatch.setattr(writer.pq, "write_table", broken_write)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputWriteError) as info:
         w.add(sharegpt(1))
     assert not (tmp_path / "data").exists() or not list((tmp_path / "data").iterdir())
+    assert str(tmp_path / "data" / "part-00000.parquet") in str(info.value)
+    assert "disk full" in str(info.value) and info.value.exit_code == 7
 
 
 def test_reject_writer_and_manifest(tmp_path: Path) -> None:

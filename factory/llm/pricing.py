@@ -10,7 +10,8 @@ exactly once either way.
 
 Prices change; the built-in table is a convenience marked with the date it was
 read, and a recipe's ``prices`` section overrides or extends it. Models not in
-the table (local vLLM / SGLang models) cost 0 unless the recipe prices them.
+the table (local vLLM / SGLang models) cost 0 unless the recipe prices them, and
+a ``max_cost_usd`` cap over such a model is refused (``budget.check_cost_cap_priced``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from factory.errors import ConfigError, short
 __all__ = [
     "DEFAULT_PRICES",
     "PRICES_AS_OF",
+    "PRICES_SOURCE",
     "Price",
     "PriceTable",
     "cost",
@@ -52,14 +54,24 @@ class Price:
                 )
 
 
-# Standard (non-batch, non-priority) tier of OpenAI's public pricing page.
+# Source: OpenAI's public API pricing page (https://openai.com/api/pricing/, Standard
+# tier: not Batch, Flex or Priority), USD per million tokens (input, cached input,
+# output), as of the date below (the GPT-5 launch, with o3 after its June 2025 cut).
+# Check the page before a large run and put newer figures under ``prices:`` in the
+# recipe; a recipe price always wins over this table.
 PRICES_AS_OF = "2025-08-07"
+PRICES_SOURCE = "https://openai.com/api/pricing/ (Standard tier)"
 DEFAULT_PRICES: dict[str, Price] = {
     "gpt-5": Price(1.25, 0.125, 10.00),
     "gpt-5-mini": Price(0.25, 0.025, 2.00),
+    "gpt-5-nano": Price(0.05, 0.005, 0.40),
+    "o3": Price(2.00, 0.50, 8.00),
     "o4-mini": Price(1.10, 0.275, 4.40),
     "gpt-4o": Price(2.50, 1.25, 10.00),
+    "gpt-4o-mini": Price(0.15, 0.075, 0.60),
     "gpt-4.1": Price(2.00, 0.50, 8.00),
+    "gpt-4.1-mini": Price(0.40, 0.10, 1.60),
+    "gpt-4.1-nano": Price(0.10, 0.025, 0.40),
 }
 
 # Dated snapshots ("gpt-4o-2024-08-06") are priced like their alias.

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 OK, REJECTED, FAILED = "ok", "rejected", "failed"
-UNISSUED = "unissued"  # a budget cap stopped the call before it was made
+UNISSUED = "unissued"  # never sent: a budget cap (or a broken cache) stopped it first
 RAW_LIMIT = 4000  # characters of raw input kept on reject rows
 
 ROW_SCHEMA = pa.schema(
@@ -65,6 +65,9 @@ ROW_SCHEMA = pa.schema(
         ("labels", pa.string()),  # stratification labels JSON
         ("grounding", pa.string()),  # replay result on the executable world (JSON)
         ("cached", pa.bool_()),  # the LLM response came from the cache (paid by an earlier run)
+        # {"request_id", "record", "error"} JSON of a paid response the cache could not store:
+        # the driver keeps it (OUT/unstored/) and stops the run (factory.runstate).
+        ("unstored", pa.string()),
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)

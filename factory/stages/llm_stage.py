@@ -15,7 +15,7 @@ from typing import Any
 
 from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
-from factory.errors import LLMError, LLMUnavailable
+from factory.errors import LLMError, LLMUnavailable, describe_os_error
 from factory.llm import (
     AttemptDeadline,
     Completion,
@@ -162,6 +162,7 @@ class LLMStage(Stage):
     slots: int = 1
     _slots: asyncio.Semaphore | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    _cache_error: str | None = None  # set by the first failed cache write: no new call starts
 
     def attach(self, cfg: RecipeConfig) -> None:
         """Open this actor's view of the run's response cache and find its budget actor."""
@@ -185,6 +186,23 @@ class LLMStage(Stage):
             tokens = usage["prompt_tokens"] + usage["completion_tokens"]
             await self.budget.finish.remote(c.cost_usd, tokens)
 
+    def _store(self, row: dict[str, Any], rid: str, c: Completion) -> None:
+        """Put the paid response in the cache. If the cache refuses (disk full,
+        read-only), the response rides on the row (``unstored``) to the driver, which
+        keeps it and stops the run; this actor starts no new call (its answers could
+        not be stored either). The row itself goes on: the answer is used, counted and
+        billed like any other."""
+        assert self.cache is not None
+        record = completion_to_record(c)
+        try:
+            self.cache.put(rid, record)
+        except OSError as exc:
+            where = exc.filename or self.cache.location
+            self._cache_error = f"{where}: {describe_os_error(exc)}"
+            row["unstored"] = json.dumps(
+                {"request_id": rid, "record": record, "error": self._cache_error}
+            )
+
     async def call(
         self, row: dict[str, Any], messages: list[dict[str, str]], rid: str
     ) -> Completion | None:
@@ -206,6 +224,14 @@ class LLMStage(Stage):
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.slots)
             async with self._slots:
+                if self._cache_error is not None:  # an answer now could not be stored
+                    row.update(
+                        status=UNISSUED,
+                        stage=self.name,
+                        reason="cache_write",
+                        message=f"not sent: the cache refused a write ({self._cache_error})",
+                    )
+                    return None
                 if self.budget is not None and not await self.budget.try_start.remote():
                     row.update(
                         status=UNISSUED,
@@ -236,7 +262,7 @@ class LLMStage(Stage):
                     fail(row, self.name, exc.reason, exc.describe())
                     return None
                 if self.cache is not None:  # persisted before anything else can go wrong
-                    self.cache.put(rid, completion_to_record(c))
+                    self._store(row, rid, c)
                 await self._spend(c)  # inside the slot: the next call sees this cost
             row["cached"] = False
         if row["cached"]:
