@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from factory.collect import Collector
-from factory.config import RecipeConfig, config_hash
+from factory.config import RecipeConfig
+from factory.console import top_reasons
 from factory.errors import SeedError
 from factory.mixture import Mixture, select
 from factory.prompts import PromptTemplate, estimate_tokens
-from factory.runner import RunResult, _progress
+from factory.runner import RunResult, _progress, new_manifest
 from factory.stages.amplify import amplify_template
 from factory.stages.base import FAILED, OK, REJECTED
 from factory.writer import Manifest, RejectWriter, ShardWriter
@@ -69,6 +70,12 @@ def plan_round(
 
 
 ROWS_PER_CALL_BLOCK = 512
+
+
+def run_tokens(*usages: Counter[str]) -> int:
+    """Tokens of the run as the manifest counts them: prompt + completion (cached
+    tokens are a part of the prompt tokens, never added again)."""
+    return sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
 
 
 def llm_batch_size(cfg: RecipeConfig) -> int:
@@ -187,6 +194,7 @@ def _collect_seeds(
     tokens: Counter[str] = Counter()
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0}
     reasons: dict[str, int] = {}
+    examples: dict[str, tuple[str, str]] = {}  # the first row of each reason, for the console
     cost = 0.0
     for row in iter_rows(ds):
         counts["total"] += 1
@@ -207,14 +215,33 @@ def _collect_seeds(
         counts["failed" if row["status"] == FAILED else "rejected"] += 1
         key = f"{row['stage']}:{row['reason']}"
         reasons[key] = reasons.get(key, 0) + 1
+        examples.setdefault(key, (row.get("source") or row["id"] or "?", row.get("message") or ""))
         writer = failed if row["status"] == FAILED else rejects
         writer.add({k: v for k, v in row.items() if v is not None})
     rejects.close()
     failed.close()
     manifest.extra["seeds"] = {**counts, "reasons": reasons}
     if not kept:
-        raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
+        raise no_seeds_error(counts, reasons, examples, [rejects.dir, failed.dir])
     return kept, tokens, cost
+
+
+def no_seeds_error(
+    counts: dict[str, int],
+    reasons: dict[str, int],
+    examples: dict[str, tuple[str, str]],
+    folders: list[Path],
+) -> SeedError:
+    """The error of a run left without seeds: counts, the commonest reasons with an
+    example each, and the folders holding every row (only those that exist)."""
+    where = [str(f) for f in folders if f.is_dir()]
+    message = (
+        f"no seed survived the checks: {counts['total']} read, {counts['rejected']} rejected, "
+        f"{counts['failed']} failed" + (f"; every row is in {' and '.join(where)}" if where else "")
+    )
+    error = SeedError("no_seeds", message)
+    error.details = tuple(top_reasons(reasons, examples))
+    return error
 
 
 def _call_dataset(
@@ -261,11 +288,10 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     from factory.stages.amplify import round_plan, seed_order
 
     assert cfg.amplify is not None and cfg.llm is not None
-    started = time.time()
     template = preflight(cfg)
     init_ray()
     budget = _start_budget(cfg)
-    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    manifest = new_manifest(cfg)
     phase_start = time.time()
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest)
     timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
@@ -303,6 +329,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
                 break
             before = collector.accepted
             round_start = time.time()
+            bar.new_phase()  # the ETA counts from this round's first completion
             plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
             for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
                 if row.get("seed_id"):
@@ -314,7 +341,8 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
                 bar.set_postfix(
                     rejected=collector.counts["rejected"],
                     failed=collector.counts["failed"],
-                    tok=sum(collector.tokens.values()),
+                    # As the manifest counts them: cached tokens are part of the prompt's.
+                    tok=run_tokens(collector.tokens, judge_tokens),
                     usd=f"{collector.cost_usd:.2f}",
                     refresh=False,
                 )
@@ -365,5 +393,5 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     )
     manifest_dict = manifest.to_dict(**totals)
     return RunResult(
-        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=time.time() - started
+        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
     )

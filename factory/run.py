@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from factory.config import load_recipe, resolve_recipe_path
+from factory.console import expected_error, process_start_time, setup_logging
 from factory.errors import EXIT_INTERNAL, FactoryError
-from factory.secrets import install_log_redaction, redact
+from factory.secrets import redact
 
 __all__ = ["main"]
 
@@ -68,8 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    install_log_redaction()
+    setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None
     try:
         overrides = list(args.overrides)
@@ -92,17 +91,19 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             fresh=args.fresh,
             retry_failed=args.retry_failed,
+            started=(process_start_time(), "process start"),
         )
         print(result.summary())
         return result.exit_code
     except FactoryError as exc:
-        # One line, always: YAML and jsonschema messages carry line breaks of their own.
-        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)
-        return exc.exit_code
+        return _print_error(str(exc), exc.exit_code, exc.details)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
     except Exception as exc:
+        expected = expected_error(exc)  # raised in a Ray task or actor: its one line
+        if expected is not None:
+            return _print_error(*expected)
         if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("FACTORY_DEBUG"):
             raise
         print(
@@ -114,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+
+
+def _print_error(message: str, code: int, details: tuple[str, ...] | list[str] = ()) -> int:
+    """``error: message`` on one line (YAML and jsonschema messages carry line breaks of
+    their own), then the error's detail lines, each one line, indented."""
+    print(f"error: {' '.join(redact(message).splitlines())}", file=sys.stderr)
+    for line in details:
+        print(f"  {' '.join(redact(line).splitlines())}", file=sys.stderr)
+    return code
 
 
 def devserver_overrides(url: str) -> list[str]:

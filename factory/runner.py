@@ -9,15 +9,13 @@ total rows (seeds for ``curate``; calls for ``amplify``).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from factory.collect import Collector
 from factory.config import RecipeConfig, config_hash
+from factory.console import ProgressBar, console, quiet_ray, run_clock, start_run_clock
 from factory.errors import EXIT_BUDGET, EXIT_OK
 from factory.writer import Manifest
 
@@ -81,14 +79,23 @@ class RunResult:
             )
         if self.extra.get("report"):
             lines.append(self.extra["report"])
-        lines.append(f"wall time: {self.wall_s:.1f}s")
+        since = self.manifest.get("wall_time_from")
+        lines.append(f"wall time: {self.wall_s:.1f}s" + (f" (since {since})" if since else ""))
         if self.stopped_by:
             lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
         return "\n".join(lines)
 
 
-def _progress(enabled: bool, total: int | None, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
+def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
+    return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
+
+
+def new_manifest(cfg: RecipeConfig) -> Manifest:
+    """The run's manifest, timed by the run's clock (``factory.console.run_clock``)."""
+    started, since = run_clock()
+    return Manifest(
+        recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
+    )
 
 
 def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
@@ -96,9 +103,8 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     from factory.pipeline import curate_dataset, iter_rows
     from factory.raycompat import init_ray
 
-    started = time.time()
     init_ray()
-    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    manifest = new_manifest(cfg)
     collector = Collector(
         out_dir, manifest, dataset_name=cfg.output.dataset_name, shard_rows=cfg.output.shard_rows
     )
@@ -109,7 +115,7 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
             bar.set_postfix(accepted=collector.accepted, refresh=False)
     totals = collector.close(pipeline="curate")
     manifest_dict = manifest.to_dict(**totals)
-    return RunResult(out_dir, totals, manifest_dict, wall_s=time.time() - started)
+    return RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
 
 
 def run(
@@ -119,11 +125,24 @@ def run(
     progress: bool = True,
     fresh: bool = False,
     retry_failed: bool = False,
+    started: tuple[float, str] | None = None,
 ) -> RunResult:
     """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
-    folder holds (see ``factory.runstate``)."""
+    folder holds (see ``factory.runstate``).
+
+    ``started``: ``(epoch seconds, what it is)`` the wall time counts from; default
+    this call. The CLI passes its process start, so the printed wall time, the
+    manifest's and a person timing the command agree.
+    """
+    from factory.pipeline import check_seed_files
     from factory.runstate import finish_run, prepare_output
 
+    if started is None:
+        start_run_clock()
+    else:
+        start_run_clock(started[0], label=started[1])
+    if cfg.pipeline != "envsim":
+        check_seed_files(cfg)  # before the folder or Ray: unusable seeds stop the run here
     out_dir = Path(out_dir).resolve()
     cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
     mode = prepare_output(cfg, out_dir, fresh=fresh, retry_failed=retry_failed)
@@ -132,16 +151,18 @@ def run(
         result = RunResult(out_dir, manifest.get("totals", {}), manifest)
         result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
         return result
-    if cfg.pipeline == "curate":
-        result = run_curate(cfg, out_dir, progress=progress)
-    elif cfg.pipeline == "envsim":
-        from factory.envsim_run import run_envsim
+    with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
+        print(f"log (Ray's messages, retries): {log}", file=console())
+        if cfg.pipeline == "curate":
+            result = run_curate(cfg, out_dir, progress=progress)
+        elif cfg.pipeline == "envsim":
+            from factory.envsim_run import run_envsim
 
-        result = run_envsim(cfg, out_dir, progress=progress)
-    else:
-        from factory.amplify_run import run_amplify
+            result = run_envsim(cfg, out_dir, progress=progress)
+        else:
+            from factory.amplify_run import run_amplify
 
-        result = run_amplify(cfg, out_dir, progress=progress)
+            result = run_amplify(cfg, out_dir, progress=progress)
     result.extra["mode"] = mode
     finish_run(cfg, out_dir, stopped_by=result.stopped_by)
     return result
