@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -107,11 +108,14 @@ def _paths_named(text: str) -> list[Path]:
 @pytest.mark.ray
 def test_no_usable_seed_exits_3_with_the_commonest_reasons(ray_session, tmp_path, capsys) -> None:
     lines = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[:3]
-    unknown_tool = [line.replace("get_user_details", "get_user_detailz", 1) for line in lines[:2]]
-    cut = json.loads(lines[2])
-    cut["conversations"] = cut["conversations"][:-1]  # no final answer
+    unknown_tool = []
+    for line in lines[:2]:  # the first call names a tool the seed's tool list lacks
+        record = json.loads(line)
+        call = record["conversations"][1]
+        call["value"] = call["value"].replace("get_user_details", "get_user_detailz")
+        unknown_tool.append(json.dumps(record))
     seeds = tmp_path / "bad.jsonl"
-    seeds.write_text("\n".join([*unknown_tool, json.dumps(cut)]) + "\n")
+    seeds.write_text("\n".join([*unknown_tool, "[1]"]) + "\n")
     code = main(
         [
             str(ROOT / "pipelines/airline.yaml"),
@@ -121,6 +125,8 @@ def test_no_usable_seed_exits_3_with_the_commonest_reasons(ray_session, tmp_path
             "--no-progress",
             "--set",
             f"seeds.path={seeds}",
+            "--set",
+            "amplify.target=4",
         ]
     )
     err = capsys.readouterr().err
@@ -131,7 +137,7 @@ def test_no_usable_seed_exits_3_with_the_commonest_reasons(ray_session, tmp_path
     # The commonest reason first, each with one example: its seed source and message.
     assert details[0].startswith(f"validate:unknown_tool x2, e.g. {seeds}:0: ")
     assert "get_user_detailz" in details[0]
-    assert details[1].startswith("validate:") and f"{seeds}:2: " in details[1]
+    assert details[1].startswith(f"parse:not_an_object x1, e.g. {seeds}:2: ")
     assert "Traceback" not in err and "(pid=" not in err
     named = _paths_named(error)
     assert tmp_path / "o/rejects/seeds" in named
@@ -247,3 +253,46 @@ def test_error_raised_in_a_ray_actor_is_one_line_and_ray_noise_is_in_the_log(tmp
     text = log.read_text()
     assert "Started a local Ray instance" in text  # Ray's INFO line, moved here
     assert "Traceback" in text and "n_userz" in text  # the worker's traceback, kept
+
+
+@pytest.mark.ray
+def test_progress_bar_tokens_and_wall_time_agree_with_the_manifest(
+    ray_session, tmp_path, capsys
+) -> None:
+    import psutil
+
+    out = tmp_path / "o"
+    code = main(
+        [
+            str(ROOT / "pipelines/airline.yaml"),
+            "-o",
+            str(out),
+            "--devserver",
+            "--set",
+            "amplify.target=12",
+            "--set",
+            "seeds.limit=6",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokens = manifest["tokens"]
+    assert tokens["cached_tokens"] > 0  # the devserver reports cached prompt tokens
+    bars = [s for s in re.split(r"[\r\n]", captured.err) if s.startswith("accepted:")]
+    assert bars, captured.err[-2000:]
+    # Cached tokens are a part of the prompt tokens: counted once, judge included.
+    assert re.findall(r"tok=(\d+)", bars[-1]) == [
+        str(tokens["prompt_tokens"] + tokens["completion_tokens"])
+    ]
+    # No ETA before enough rows completed (tqdm guessed one from the first row on).
+    for bar in bars:
+        done = int(re.search(r"\| (\d+)/12 ", bar).group(1))  # type: ignore[union-attr]
+        if done < 9:
+            assert "<?," in bar, bar
+    # One wall time: the summary's is the manifest's, counted from the process start.
+    assert manifest["wall_time_from"] == "process start"
+    started = psutil.Process().create_time()
+    assert manifest["started_at"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    printed = re.search(r"^wall time: ([\d.]+)s \(since process start\)$", captured.out, re.M)
+    assert printed and printed.group(1) == f"{manifest['wall_time_s']:.1f}"
