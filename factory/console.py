@@ -279,6 +279,8 @@ class ProgressBar(tqdm):
     @property
     def format_dict(self) -> dict[str, Any]:
         d = super().format_dict
+        if not d.get("ncols"):  # a terminal of unknown width: tqdm would drop our format
+            d["ncols"] = None
         now = time.monotonic()
         self.phase_rate.observe(int(self.n), now)  # also when a caller set .n directly
         rate = self.phase_rate.rate(now)
