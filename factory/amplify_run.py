@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from factory.collect import Collector
-from factory.config import RecipeConfig, config_hash
+from factory.config import RecipeConfig
+from factory.console import top_reasons
 from factory.errors import SeedError
 from factory.mixture import Mixture, select
 from factory.prompts import PromptTemplate, estimate_tokens
-from factory.runner import RunResult, _progress
+from factory.runner import RunResult, _progress, new_manifest
 from factory.runstate import load_rounds, save_rounds
 from factory.stages.amplify import amplify_template
 from factory.stages.base import FAILED, OK, REJECTED, UNISSUED
@@ -77,6 +78,12 @@ ROWS_PER_CALL_BLOCK = 512
 # outnumber the rows waiting on a slow or hung request, and the actor's shared slot pool
 # (``LLMStage``) stays full; per-attempt deadlines bound how long a task waits.
 LLM_TASKS_PER_ACTOR = 16
+
+
+def run_tokens(*usages: Counter[str]) -> int:
+    """Tokens of the run as the manifest counts them: prompt + completion (cached
+    tokens are a part of the prompt tokens, never added again)."""
+    return sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
 
 
 def llm_batch_size(cfg: RecipeConfig) -> int:
@@ -201,6 +208,7 @@ def _collect_seeds(
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
     reasons: dict[str, int] = {}
     retries: Counter[str] = Counter()
+    examples: dict[str, tuple[str, str]] = {}  # the first row of each reason, for the console
     cost = 0.0
     for row in iter_rows(ds):
         counts["total"] += 1
@@ -230,6 +238,7 @@ def _collect_seeds(
         counts["failed" if row["status"] == FAILED else "rejected"] += 1
         key = f"{row['stage']}:{row['reason']}"
         reasons[key] = reasons.get(key, 0) + 1
+        examples.setdefault(key, (row.get("source") or row["id"] or "?", row.get("message") or ""))
         writer = failed if row["status"] == FAILED else rejects
         writer.add({k: v for k, v in row.items() if v is not None})
     rejects.close()
@@ -237,8 +246,26 @@ def _collect_seeds(
     manifest.files.update({**rejects.files, **failed.files})
     manifest.extra["seeds"] = {**counts, "reasons": reasons, "retries": dict(retries)}
     if not kept and not counts["unissued"] and not collector.unstored:
-        raise SeedError("no_seeds", f"no seed survived the checks ({counts}); see rejects/seeds/")
+        raise no_seeds_error(counts, reasons, examples, [rejects.dir, failed.dir])
     return kept, tokens, cost
+
+
+def no_seeds_error(
+    counts: dict[str, int],
+    reasons: dict[str, int],
+    examples: dict[str, tuple[str, str]],
+    folders: list[Path],
+) -> SeedError:
+    """The error of a run left without seeds: counts, the commonest reasons with an
+    example each, and the folders holding every row (only those that exist)."""
+    where = [str(f) for f in folders if f.is_dir()]
+    message = (
+        f"no seed survived the checks: {counts['total']} read, {counts['rejected']} rejected, "
+        f"{counts['failed']} failed" + (f"; every row is in {' and '.join(where)}" if where else "")
+    )
+    error = SeedError("no_seeds", message)
+    error.details = tuple(top_reasons(reasons, examples))
+    return error
 
 
 def _call_dataset(
@@ -287,11 +314,10 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     from factory.stages.llm_stage import sum_retries
 
     assert cfg.amplify is not None and cfg.llm is not None
-    started = time.time()
     template = preflight(cfg)
     init_ray()
     budget = _start_budget(cfg)
-    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    manifest = new_manifest(cfg)
     target = cfg.amplify.target
     # With a mixture, accepted rows are candidates; the selection is written to data/.
     collector = Collector(
@@ -345,6 +371,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             save_rounds(out_dir, issued_rounds + previous[len(issued_rounds) :])
             before = collector.accepted
             round_start = time.time()
+            bar.new_phase()  # the ETA counts from this round's first completion
             for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
                 if row.get("seed_id"):
                     calls[row["seed_id"]] += 1
@@ -356,7 +383,8 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
                 bar.set_postfix(
                     rejected=collector.counts["rejected"],
                     failed=collector.counts["failed"],
-                    tok=sum(collector.tokens.values()),
+                    # As the manifest counts them: cached tokens are part of the prompt's.
+                    tok=run_tokens(collector.tokens, judge_tokens),
                     usd=f"{collector.cost_usd:.2f}",
                     refresh=False,
                 )
@@ -424,7 +452,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     )
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(
-        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=time.time() - started
+        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
     )
     if collector.cache_error is not None:
         result.error = (

@@ -15,6 +15,7 @@ work from any working directory.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -379,6 +380,12 @@ def _format_error(err: jsonschema.ValidationError) -> ConfigError:
         instance = err.instance if isinstance(err.instance, dict) else {}
         extra = sorted(_key_path([k]) for k in instance if k not in allowed)
         key = f"{path}.{extra[0]}" if path and extra else (extra[0] if extra else path)
+        guess = difflib.get_close_matches(extra[0], allowed, n=1, cutoff=0.6) if extra else []
+        if guess:
+            meant = f"{path}.{guess[0]}" if path else guess[0]
+            missing = guess[0] in (err.schema.get("required") or []) and guess[0] not in instance
+            also = f" ({meant}: missing required value)" if missing else ""
+            return ConfigError(f"unknown key; did you mean {meant}?{also}", key_path=key)
         return ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=key)
     if v == "required":
         missing = err.message.split("'")[1] if "'" in err.message else err.message
@@ -452,8 +459,39 @@ def validate_raw(raw: Any) -> None:
         best = jsonschema.exceptions.best_match(errors, key=_relevance)
         # Descend into anyOf branches (optional sections) for the most precise message.
         while best.context:
-            best = jsonschema.exceptions.best_match(best.context, key=_relevance)
-        raise _format_error(best)
+            best = jsonschema.exceptions.best_match(_meant_branch(best), key=_relevance)
+        raise _format_error(_unknown_key_first(best, errors))
+
+
+def _meant_branch(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """The errors of the ``anyOf`` branches meant for the value: a branch that refused
+    the value's type (``null`` for a mapping) explains nothing about a misspelt key."""
+    context = list(err.context or [])
+    refused = {
+        e.relative_schema_path[0]
+        for e in context
+        if e.validator == "type" and not e.relative_path and e.relative_schema_path
+    }
+    meant = [
+        e for e in context if e.relative_schema_path and e.relative_schema_path[0] not in refused
+    ]
+    return meant or context
+
+
+def _unknown_key_first(
+    best: jsonschema.ValidationError, errors: list[jsonschema.ValidationError]
+) -> jsonschema.ValidationError:
+    """A missing required key beside an unknown one is most likely that key misspelt:
+    report the unknown key, whose message names the required one."""
+    if best.validator != "required":
+        return best
+    siblings = [best.parent.context or []] if best.parent is not None else [errors]
+    for e in siblings[0]:
+        if e.validator == "additionalProperties" and list(e.absolute_path) == list(
+            best.absolute_path
+        ):
+            return e
+    return best
 
 
 def _load_yaml(text: str, what: str, *, key_path: str) -> Any:

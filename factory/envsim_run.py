@@ -15,7 +15,6 @@ Accounting: steps sampled = selected (data/) + not selected (candidates/ only)
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from factory.config import RecipeConfig, config_hash
+from factory.config import RecipeConfig
 from factory.errors import SeedError
 from factory.mixture import Mixture, Selection, select
-from factory.runner import RunResult, _progress
-from factory.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
+from factory.runner import RunResult, _progress, new_manifest
+from factory.writer import RejectWriter, ShardWriter, write_dataset_info
 
 __all__ = ["ALPACA_SCHEMA", "CANDIDATE_SCHEMA", "run_envsim"]
 
@@ -149,12 +148,11 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     from factory.raycompat import init_ray
 
     assert cfg.envsim is not None and cfg.mixture is not None
-    started = time.time()
     es, mx = cfg.envsim, cfg.mixture
     mixture = Mixture.load(cfg.resolve(mx.path))
     tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
     init_ray()
-    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    manifest = new_manifest(cfg)
     candidates = ShardWriter(
         out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
     )
@@ -221,7 +219,8 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     for writer in (data, candidates, rejects):
         manifest.files.update(writer.files)
     manifest.write(out_dir, **totals)
-    result = RunResult(out_dir, totals, manifest.to_dict(**totals), wall_s=time.time() - started)
+    manifest_dict = manifest.to_dict(**totals)
+    result = RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
     result.extra["report"] = selection.report()
     if selection.shortfall and not mx.allow_shortfall:
         raise SeedError(

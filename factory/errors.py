@@ -79,6 +79,7 @@ class FactoryError(Exception):
 
     exit_code = EXIT_INTERNAL
     reason = "error"
+    details: tuple[str, ...] = ()  # lines the CLI prints under the one-line message
 
     def __init__(self, message: str, *, row_id: str | None = None, stage: str | None = None):
         super().__init__(message)

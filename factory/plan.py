@@ -20,7 +20,7 @@ from factory.config import RecipeConfig
 from factory.domain import load_domain
 from factory.formats.completion import render_output
 from factory.llm.pricing import PriceTable, cost
-from factory.pipeline import build_seed_check, seed_rows_local
+from factory.pipeline import build_seed_check, check_seed_files, seed_rows_local
 from factory.prompts import PromptTemplate, estimate_tokens
 from factory.stages.base import OK
 from factory.trajectory import Trajectory, canonical_json
@@ -131,6 +131,7 @@ def _stage(
 
 def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
     """Check the seeds and estimate every LLM stage of ``cfg``."""
+    check_seed_files(cfg)  # the run's own check: a dry run refuses what the run refuses
     plan = Plan()
     check = build_seed_check(cfg)
     valid: list[Trajectory] = []

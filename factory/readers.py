@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -42,6 +43,7 @@ __all__ = [
     "SUPPORTED_EXTENSIONS",
     "RawRecord",
     "SeedReject",
+    "binary_reason",
     "convert_record",
     "iter_hf_records",
     "iter_records",
@@ -49,6 +51,7 @@ __all__ = [
     "read_seeds",
     "records_from_bytes",
     "resolve_paths",
+    "unusable_reason",
 ]
 
 RAW_LIMIT = 4096  # characters of a bad record kept in the rejects file
@@ -61,6 +64,20 @@ _WRAPPER_KEYS = ("data", "records")
 # cannot be encoded as UTF-8, so Arrow (every column downstream) would crash on it.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A text file is judged by its first bytes: a file of random bytes (or a compressed
+# one) is refused after 64 KiB instead of becoming hundreds of thousands of reject
+# rows, each holding a line of garbage (minutes and GiBs per worker).
+SNIFF_BYTES = 64 * 1024
+SNIFF_RECORDS = 20  # records a seed file's first usable one is looked for in
+JSON_PARSE_LIMIT = 32 * 1024 * 1024  # a larger .json is only sniffed before the run
+_MAGIC = {
+    b"\x1f\x8b": "gzip-compressed data (decompress it first)",
+    b"PK\x03\x04": "a zip archive (unpack it first)",
+    b"(\xb5/\xfd": "zstd-compressed data (decompress it first)",
+    b"BZh": "bzip2-compressed data (decompress it first)",
+    b"\xfd7zXZ\x00": "xz-compressed data (decompress it first)",
+    b"PAR1": "a Parquet file (name it .parquet)",
+}
 
 
 @dataclass
@@ -176,7 +193,31 @@ def _iter_lines(stream: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, boo
         index += 1
 
 
+def binary_reason(head: bytes) -> str | None:
+    """Why ``head``, the first bytes of a file meant to be text, is not text; None if it is.
+
+    Text may hold a few broken bytes (each such line becomes a reject of its own);
+    more than 10% of characters that are not text (undecodable bytes, control
+    characters) mean the file is not text at all.
+    """
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return f"not text but {kind}"
+    sample = head[:-3] if len(head) >= SNIFF_BYTES else head  # a character may be cut here
+    text = sample.decode("utf-8", "replace")
+    bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v"))
+    if bad > 16 and bad > len(text) // 10:
+        return f"not text: {bad} of its first {len(text)} characters are binary"
+    return None
+
+
 def _jsonl_records(source: str, stream: IO[bytes], max_bytes: int) -> Iterator[RawRecord]:
+    head = stream.read(SNIFF_BYTES)
+    why = binary_reason(head)
+    if why is not None:  # one reject for the file, read no further
+        yield _error(source, 0, "unreadable_file", f"not a JSON Lines file: {why}", head[:200])
+        return
+    stream.seek(0)
     for index, line, too_long in _iter_lines(stream, max_bytes):
         if too_long:
             yield _error(source, index, "too_large", f"line longer than {max_bytes} bytes", line)
@@ -302,6 +343,63 @@ def _file_records(path: Path, max_bytes: int) -> Iterator[RawRecord]:
             yield from records_from_bytes(source, path.read_bytes(), max_bytes=max_bytes)
     except OSError as exc:
         yield _error(source, 0, "unreadable_file", f"cannot read: {short(str(exc), 120)}", b"")
+
+
+def unusable_reason(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> str | None:
+    """Why the seed file ``path`` holds nothing usable at its start; None when it does.
+
+    Cheap, so it runs before Ray starts: the extension, the first 64 KiB (text or
+    binary), then the first ``SNIFF_RECORDS`` records, of which one must parse as a
+    trajectory in a known format (rule checks come later, per record). A ``.json``
+    larger than ``JSON_PARSE_LIMIT`` is only sniffed. Never raises for bad content.
+    """
+    ext = _extension(path.name)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    if ext not in SUPPORTED_EXTENSIONS:
+        kind = binary_reason(head) or _text_kind(head)
+        hint = f" ({kind})" if kind else ""
+        allowed = ", ".join(SUPPORTED_EXTENSIONS)
+        return f"unsupported extension {ext or '(none)'!r}{hint}; use {allowed}"
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    if ext != ".parquet":
+        why = binary_reason(head)
+        if why is not None:
+            return why
+        if not head.strip():
+            return f"no record in its first {len(head):,} bytes (blank)"
+        if ext == ".json" and size > JSON_PARSE_LIMIT:
+            first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+            return None if first in (b"{", b"[") else f"not JSON: it starts with {first!r}"
+    problems: list[str] = []
+    for raw in itertools.islice(_file_records(path, max_bytes), SNIFF_RECORDS):
+        where = f"line {raw.index + 1}" if ext in JSONL_EXTENSIONS else f"record {raw.index}"
+        if raw.error is not None:
+            problems.append(f"{where}: {raw.error.reason}: {raw.error}")
+            continue
+        try:
+            parse_record(raw.record, source=f"{path}:{raw.index}", max_bytes=max_bytes)
+            return None
+        except SeedError as exc:
+            problems.append(f"{where}: {exc.reason}: {exc}")
+    if not problems:
+        return "it holds no record"
+    return f"none of its first {len(problems)} records is a trajectory ({short(problems[0], 200)})"
+
+
+def _text_kind(head: bytes) -> str | None:
+    """A guess at what a text file of an unsupported kind holds, for the message."""
+    first = head.decode("utf-8", "replace").lstrip("\ufeff").split("\n", 1)[0]
+    if first.lstrip()[:1] in ("{", "["):
+        return "it looks like JSON: name it .jsonl or .json"
+    if "," in first or "\t" in first:
+        return "it looks like CSV/TSV, which is not a seed format"
+    return None
 
 
 def iter_records(

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from factory.config import load_recipe, resolve_recipe_path
+from factory.console import expected_error, process_start_time, setup_logging
 from factory.errors import EXIT_INTERNAL, ConfigError, FactoryError
-from factory.secrets import install_log_redaction, redact
+from factory.secrets import redact
 
 __all__ = ["main"]
 
@@ -75,8 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    install_log_redaction()
+    setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None
     try:
         if args.drop_cache and not args.fresh:
@@ -103,19 +102,21 @@ def main(argv: list[str] | None = None) -> int:
             fresh=args.fresh,
             retry_failed=args.retry_failed,
             drop_cache=args.drop_cache,
+            started=(process_start_time(), "process start"),
         )
         print(result.summary())
         if result.error:
-            print(f"error: {' '.join(redact(result.error).splitlines())}", file=sys.stderr)
+            _print_error(result.error, result.exit_code)
         return result.exit_code
     except FactoryError as exc:
-        # One line, always: YAML and jsonschema messages carry line breaks of their own.
-        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)
-        return exc.exit_code
+        return _print_error(str(exc), exc.exit_code, exc.details)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
     except Exception as exc:
+        expected = expected_error(exc)  # raised in a Ray task or actor: its one line
+        if expected is not None:
+            return _print_error(*expected)
         if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("FACTORY_DEBUG"):
             raise
         print(
@@ -135,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
 DEVSERVER_PRICE = (
     "prices.factory-dev={input_per_mtok: 1.25, cached_input_per_mtok: 0.125, output_per_mtok: 10.0}"
 )
+
+
+def _print_error(message: str, code: int, details: tuple[str, ...] | list[str] = ()) -> int:
+    """``error: message`` on one line (YAML and jsonschema messages carry line breaks of
+    their own), then the error's detail lines, each one line, indented."""
+    print(f"error: {' '.join(redact(message).splitlines())}", file=sys.stderr)
+    for line in details:
+        print(f"  {' '.join(redact(line).splitlines())}", file=sys.stderr)
+    return code
 
 
 def devserver_overrides(url: str) -> list[str]:

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from factory.collect import Collector
 from factory.config import RecipeConfig, config_hash
+from factory.console import ProgressBar, console, quiet_ray, run_clock, start_run_clock
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE, OutputWriteError
-from factory.writer import Manifest
+from factory.writer import Manifest, atomic_write_text
 
 __all__ = ["RunResult", "run"]
 
@@ -94,7 +93,8 @@ class RunResult:
             lines.append("retries: " + ", ".join(f"{code} x{n}" for code, n in by_count))
         if self.extra.get("report"):
             lines.append(self.extra["report"])
-        lines.append(f"wall time: {self.wall_s:.1f}s")
+        since = self.manifest.get("wall_time_from")
+        lines.append(f"wall time: {self.wall_s:.1f}s" + (f" (since {since})" if since else ""))
         if self.stopped_by in CAPS:
             lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
         elif self.stopped_by:
@@ -105,8 +105,16 @@ class RunResult:
         return "\n".join(lines)
 
 
-def _progress(enabled: bool, total: int | None, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
+def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
+    return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
+
+
+def new_manifest(cfg: RecipeConfig) -> Manifest:
+    """The run's manifest, timed by the run's clock (``factory.console.run_clock``)."""
+    started, since = run_clock()
+    return Manifest(
+        recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
+    )
 
 
 def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
@@ -114,9 +122,8 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     from factory.pipeline import curate_dataset, iter_rows
     from factory.raycompat import init_ray
 
-    started = time.time()
     init_ray()
-    manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
+    manifest = new_manifest(cfg)
     collector = Collector(
         out_dir, manifest, dataset_name=cfg.output.dataset_name, shard_rows=cfg.output.shard_rows
     )
@@ -127,7 +134,20 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
             bar.set_postfix(accepted=collector.accepted, refresh=False)
     totals = collector.close(pipeline="curate")
     manifest_dict = manifest.to_dict(**totals)
-    return RunResult(out_dir, totals, manifest_dict, wall_s=time.time() - started)
+    return RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
+
+
+def _final_wall_time(out_dir: Path, result: RunResult) -> None:
+    """Count the wall time up to now, Ray shut down, in the summary and in manifest.json
+    alike: what is left after this (exit) is what a person timing the command adds."""
+    started, _ = run_clock()
+    wall = round(time.time() - started, 3)
+    result.wall_s = result.manifest["wall_time_s"] = wall
+    path = out_dir / "manifest.json"
+    if path.is_file():
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest["wall_time_s"] = wall
+        atomic_write_text(path, json.dumps(manifest, indent=2, default=str) + "\n", out_dir)
 
 
 def run(
@@ -138,9 +158,14 @@ def run(
     fresh: bool = False,
     retry_failed: bool = False,
     drop_cache: bool = False,
+    started: tuple[float, str] | None = None,
 ) -> RunResult:
     """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
     folder holds (see ``factory.runstate``).
+
+    ``started``: ``(epoch seconds, what it is)`` the wall time counts from; default
+    this call. The CLI passes its process start, so the printed wall time, the
+    manifest's and a person timing the command agree.
 
     Raises:
         ConfigError: a cost cap over an unpriced model, a folder of another recipe ...
@@ -148,8 +173,15 @@ def run(
         OutputWriteError: a file could not be written (names the path).
     """
     from factory.budget import check_cost_cap_priced
+    from factory.pipeline import check_seed_files
     from factory.runstate import hold_output
 
+    if started is None:
+        start_run_clock()
+    else:
+        start_run_clock(started[0], label=started[1])
+    if cfg.pipeline != "envsim":
+        check_seed_files(cfg)  # before the folder or Ray: unusable seeds stop the run here
     out_dir = Path(out_dir).resolve()
     cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
     check_cost_cap_priced(cfg)  # before the folder is touched
@@ -175,16 +207,19 @@ def _run_locked(
         result = RunResult(out_dir, manifest.get("totals", {}), manifest)
         result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
         return result
-    if cfg.pipeline == "curate":
-        result = run_curate(cfg, out_dir, progress=progress)
-    elif cfg.pipeline == "envsim":
-        from factory.envsim_run import run_envsim
+    with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
+        print(f"log (Ray's messages, retries): {log}", file=console())
+        if cfg.pipeline == "curate":
+            result = run_curate(cfg, out_dir, progress=progress)
+        elif cfg.pipeline == "envsim":
+            from factory.envsim_run import run_envsim
 
-        result = run_envsim(cfg, out_dir, progress=progress)
-    else:
-        from factory.amplify_run import run_amplify
+            result = run_envsim(cfg, out_dir, progress=progress)
+        else:
+            from factory.amplify_run import run_amplify
 
-        result = run_amplify(cfg, out_dir, progress=progress)
+            result = run_amplify(cfg, out_dir, progress=progress)
+    _final_wall_time(out_dir, result)
     result.extra["mode"] = mode
     try:
         finish_run(cfg, out_dir, stopped_by=result.stopped_by)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,14 @@ from factory.readers import (
     RAW_LIMIT,
     RawRecord,
     SeedReject,
+    binary_reason,
     convert_record,
     iter_hf_records,
     iter_records,
     read_seeds,
     records_from_bytes,
     resolve_paths,
+    unusable_reason,
 )
 from factory.trajectory import Trajectory
 
@@ -353,3 +356,64 @@ def test_mutated_jsonl_file_never_raises(edits: list[tuple[int, bytes]], cut: in
         got = list(read_seeds(path))
     assert isinstance(got[-1], Trajectory)  # the intact line after the damage survives
     assert all(isinstance(x, (Trajectory, SeedReject)) for x in got)
+
+
+# --- files that are not seed files at all --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("head", "words"),
+    [
+        (b"", "not text"),  # random bytes
+        (b"\x1f\x8b\x08\x00", "gzip"),
+        (b"PAR1", "Parquet"),
+    ],
+)
+def test_binary_jsonl_is_one_reject_and_read_no_further(head: bytes, words: str) -> None:
+    data = head + random.Random(1).randbytes(2_000_000)  # ~8,000 "lines" of garbage
+    got = list(records_from_bytes("garbage.jsonl", data))
+    assert len(got) == 1 and got[0].error is not None
+    assert got[0].error.reason == "unreadable_file" and words in str(got[0].error)
+    assert len(got[0].raw) <= 400
+
+
+def test_a_few_broken_bytes_keep_a_file_textual() -> None:
+    """Broken lines in a text file stay one reject each (the hostile-input contract)."""
+    good = json.dumps(load("sharegpt")[0]).encode()
+    data = b"\n".join([good, b"\xff\xfe not utf-8 \x80", b"\x00{", good]) + b"\n"
+    assert binary_reason(data) is None
+    got = [r.error.reason if r.error else None for r in records_from_bytes("t.jsonl", data)]
+    assert got == [None, "unreadable_bytes", "invalid_json", None]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("s.csv", b"a,b\n1,2\n", "CSV"),
+        ("s.txt", b'{"conversations": []}\n', "name it .jsonl"),
+        ("e.jsonl", b"", "empty"),
+        ("blank.jsonl", b"\n \n", "blank"),
+        ("r.jsonl", bytes(range(256)) * 400, "not text"),
+        ("r.json", b"\x00\x01" * 1000, "not text"),
+        ("x.jsonl", b'{"a": 1}\n"text"\n{broken\n', "none of its first 3 records"),
+        ("x.parquet", b"PAR1 not really", "unreadable Parquet"),
+    ],
+)
+def test_unusable_reason_names_what_is_wrong(
+    tmp_path: Path, name: str, data: bytes, words: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    why = unusable_reason(path)
+    assert why is not None and words in why, why
+
+
+@pytest.mark.parametrize("ext", [".json", ".jsonl", ".parquet"])
+def test_unusable_reason_accepts_a_file_whose_later_records_are_bad(
+    tmp_path: Path, ext: str
+) -> None:
+    path = write(tmp_path / f"s{ext}", [*load("openai"), {"junk": 1}])
+    assert unusable_reason(path) is None
+    bad_first = tmp_path / "later.jsonl"
+    bad_first.write_text('{"junk": 1}\n' + json.dumps(load("openai")[0]) + "\n")
+    assert unusable_reason(bad_first) is None
