@@ -263,7 +263,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     assert cfg.amplify is not None and cfg.llm is not None
     started = time.time()
     template = preflight(cfg)
-    init_ray()
+    init_ray(cfg.ray.address)
     budget = _start_budget(cfg)
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
     phase_start = time.time()

@@ -18,21 +18,32 @@ import ray.data
 from factory.config import RayConfig
 from factory.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
-__all__ = ["init_ray", "map_stage"]
+__all__ = ["init_ray", "map_stage", "ray_address"]
 
 
-def init_ray() -> None:
-    """Join the cluster named by ``RAY_ADDRESS`` (as under ``ray job submit``), else start
-    a local one. Secrets are never put into the runtime environment or job metadata:
-    workers inherit the driver's environment variables on a local cluster, and on a
-    remote cluster the recipe names variables that the cluster must provide."""
+def ray_address(configured: str | None = None) -> str:
+    """The ``address`` for ``ray.init``: ``RAY_ADDRESS`` (as under ``ray job submit``),
+    else the recipe's ``ray.address``, else ``"local"``.
+
+    Never None: a bare ``ray.init()`` joins whatever cluster
+    ``$RAY_TMPDIR/ray/ray_current_cluster`` names, so a stale file left by a dead
+    head hangs the run on GCS retries and a live one is joined silently.
+    """
+    return os.environ.get("RAY_ADDRESS") or configured or "local"
+
+
+def init_ray(address: str | None = None) -> None:
+    """Join the cluster ``ray_address(address)`` names, else start a private local one.
+    Secrets are never put into the runtime environment or job metadata: workers
+    inherit the driver's environment variables on a local cluster, and on a remote
+    cluster the recipe names variables that the cluster must provide."""
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, log_to_driver=True)
+        target = ray_address(address)
+        if target == "local":
+            ray.init(address="local", include_dashboard=False, log_to_driver=True)
         else:
-            ray.init(include_dashboard=False, log_to_driver=True)
+            ray.init(address=target, log_to_driver=True)
     # Applied on every call, also when the caller started Ray itself (tests, notebooks):
     # determinism must not depend on who called ray.init().
     ctx = ray.data.DataContext.get_current()

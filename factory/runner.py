@@ -97,7 +97,7 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     from factory.raycompat import init_ray
 
     started = time.time()
-    init_ray()
+    init_ray(cfg.ray.address)
     manifest = Manifest(recipe=cfg.name, config_hash=config_hash(cfg))
     collector = Collector(
         out_dir, manifest, dataset_name=cfg.output.dataset_name, shard_rows=cfg.output.shard_rows

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from factory import watchdog
 from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
 from factory.errors import LLMError
@@ -91,6 +92,7 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
         retry=retry,
         price=prices.lookup(model),
         client_factory=factory,
+        sleep=watchdog.sleep,  # no retry once the run's driver is gone
     )
 
 
@@ -165,6 +167,7 @@ class LLMStage(Stage):
         call before it started (status ``unissued``).
         """
         self._loop = asyncio.get_running_loop()
+        watchdog.note_loop(self._loop)
         row["request_id"] = rid
         record = self.cache.get(rid) if self.cache is not None else None
         if record is not None:
@@ -177,6 +180,7 @@ class LLMStage(Stage):
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.slots)
             async with self._slots:
+                watchdog.check()  # the driver is gone: no new request
                 if self.budget is not None and not await self.budget.try_start.remote():
                     row.update(
                         status=UNISSUED,
