@@ -15,6 +15,7 @@ from typing import Any
 import ray
 import ray.data
 
+from factory import interrupts
 from factory.config import RayConfig
 from factory.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
@@ -40,10 +41,11 @@ def init_ray(address: str | None = None) -> None:
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         target = ray_address(address)
-        if target == "local":
-            ray.init(address="local", include_dashboard=False, log_to_driver=True)
-        else:
-            ray.init(address=target, log_to_driver=True)
+        with interrupts.keep_handlers():  # a local head installs its own SIGTERM handler
+            if target == "local":
+                ray.init(address="local", include_dashboard=False, log_to_driver=True)
+            else:
+                ray.init(address=target, log_to_driver=True)
     # Applied on every call, also when the caller started Ray itself (tests, notebooks):
     # determinism must not depend on who called ray.init().
     ctx = ray.data.DataContext.get_current()

@@ -3,7 +3,8 @@
 Parses arguments and calls one library function. Expected errors become a
 one-line message and a documented exit code (README, "Exit codes"):
 0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
-cap. Under pytest unexpected errors re-raise so tests see the traceback.
+cap, 130 interrupted (Ctrl-C, SIGTERM: one line says how to resume). Under
+pytest unexpected errors re-raise so tests see the traceback.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from factory import interrupts
 from factory.config import load_recipe, resolve_recipe_path
-from factory.errors import EXIT_INTERNAL, FactoryError
+from factory.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, FactoryError
 from factory.secrets import install_log_redaction, redact
 
 __all__ = ["main"]
@@ -67,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    interrupts.install()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     server = None
@@ -95,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(result.summary())
         return result.exit_code
+    except KeyboardInterrupt as exc:
+        return _interrupted(interrupts.signal_name(exc), argv)
     except FactoryError as exc:
+        if interrupts.received():  # Ray torn down under us by the same Ctrl-C
+            return _interrupted(interrupts.received() or "SIGINT", argv)
         # One line, always: YAML and jsonschema messages carry line breaks of their own.
         print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)
         return exc.exit_code
@@ -103,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:
+        if interrupts.received():
+            return _interrupted(interrupts.received() or "SIGINT", argv)
         if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("FACTORY_DEBUG"):
             raise
         print(
@@ -114,6 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+
+
+def _interrupted(signame: str, argv: list[str]) -> int:
+    """The one line an interrupted run prints; the folder stays resumable (run.json
+    keeps status "running", the cache holds every stored response)."""
+    print(
+        f"interrupted by {signame}: the output folder is resumable; to continue, run the "
+        f"same command: {interrupts.resume_command(argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_INTERRUPTED
 
 
 def devserver_overrides(url: str) -> list[str]:
