@@ -156,4 +156,11 @@ def _start_devserver(defects: str) -> Any:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        # Skip Ray's at-exit teardown: after a Ctrl-C its head processes may already be
+        # gone and the teardown then waits on them or aborts (exit 134). The head is
+        # fate-shared with this process and the workers watch it (factory.watchdog).
+        sys.stdout.flush()
+        os._exit(code)
+    raise SystemExit(code)
