@@ -8,6 +8,7 @@ on a 2-core machine starves the read tasks and deadlocks the pipeline).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,7 @@ def init_ray(address: str | None = None) -> None:
         target = ray_address(address)
         with interrupts.keep_handlers():  # a local head installs its own SIGTERM handler
             if target == "local":
-                ray.init(address="local", include_dashboard=False, log_to_driver=True)
+                _start_local()
             else:
                 ray.init(address=target, log_to_driver=True)
     # Applied on every call, also when the caller started Ray itself (tests, notebooks):
@@ -52,6 +53,20 @@ def init_ray(address: str | None = None) -> None:
     ctx.enable_progress_bars = False  # the driver shows one factory-level bar instead
     ctx.print_on_execution_start = False
     ctx.execution_options.preserve_order = True  # deterministic outputs for a fixed seed
+
+
+def _start_local(attempts: int = 3) -> None:
+    """Start a private local Ray, again if its start-up timed out: Ray gives its raylet a
+    fixed 30 s to register with the GCS, which a busy 2-core machine can exceed."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", include_dashboard=False, log_to_driver=True)
+            return
+        except Exception as exc:
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
 
 
 def map_stage(
