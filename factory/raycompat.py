@@ -20,7 +20,7 @@ from factory import interrupts
 from factory.config import RayConfig
 from factory.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
-__all__ = ["init_ray", "map_stage", "ray_address"]
+__all__ = ["init_ray", "map_stage", "ray_address", "start_local_ray"]
 
 
 def ray_address(configured: str | None = None) -> str:
@@ -44,7 +44,7 @@ def init_ray(address: str | None = None) -> None:
         target = ray_address(address)
         with interrupts.keep_handlers():  # a local head installs its own SIGTERM handler
             if target == "local":
-                _start_local()
+                start_local_ray()
             else:
                 ray.init(address=target, log_to_driver=True)
     # Applied on every call, also when the caller started Ray itself (tests, notebooks):
@@ -55,12 +55,13 @@ def init_ray(address: str | None = None) -> None:
     ctx.execution_options.preserve_order = True  # deterministic outputs for a fixed seed
 
 
-def _start_local(attempts: int = 3) -> None:
+def start_local_ray(attempts: int = 3, **init_kwargs: Any) -> None:
     """Start a private local Ray, again if its start-up timed out: Ray gives its raylet a
     fixed 30 s to register with the GCS, which a busy 2-core machine can exceed."""
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, **init_kwargs}
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(address="local", include_dashboard=False, log_to_driver=True)
+            ray.init(address="local", **kwargs)
             return
         except Exception as exc:
             if attempt == attempts or "timed out during startup" not in str(exc):
