@@ -91,6 +91,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)
 def test_a_stale_cluster_file_is_ignored_and_the_run_starts_its_own_ray(tmp_path) -> None:
     """Ray 2.60 reads ``$RAY_TMPDIR/ray/ray_current_cluster`` (ray._common.utils.
     get_ray_address_file) when ray.init() gets no address; here it names a head that
@@ -115,6 +116,7 @@ def test_a_stale_cluster_file_is_ignored_and_the_run_starts_its_own_ray(tmp_path
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(1800)  # three runs, two Ray start-ups: generous on a busy machine
 @pytest.mark.parametrize(
     ("sig", "whole_group"),
     [(signal.SIGINT, True), (signal.SIGTERM, False)],
@@ -205,6 +207,7 @@ def _http_ok(url: str, token: str) -> bool:
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(1800)
 def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
     """Starts a real Ray head on 127.0.0.1 (token authentication on) with the README's
     commands, only the ports swapped for free ones and the folders for temporary ones,

@@ -197,6 +197,7 @@ def _wait_gone(procs: list, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(1800)  # four runs, three Ray start-ups: generous on a busy machine
 def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(
     ray_session, devserver, tmp_path
 ) -> None:
