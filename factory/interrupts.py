@@ -24,6 +24,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from factory.errors import EXIT_INTERRUPTED
 
@@ -32,6 +33,7 @@ __all__ = [
     "keep_handlers",
     "on_signal",
     "received",
+    "restore",
     "resume_command",
     "signal_name",
 ]
@@ -66,11 +68,25 @@ def _force_exit(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def install() -> None:
-    """Handle SIGINT and SIGTERM with ``on_signal`` (main thread only; else a no-op)."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in SIGNALS:
-            signal.signal(sig, on_signal)
+def install() -> dict[int, Any]:
+    """Handle SIGINT and SIGTERM with ``on_signal`` (main thread only; else a no-op).
+
+    Returns the handlers it replaced, for ``restore``: ``main()`` also runs inside
+    other programs (tests), whose own handlers come back when it returns.
+    """
+    _received.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, on_signal)
+    return previous
+
+
+def restore(previous: dict[int, Any]) -> None:
+    """Put back the handlers ``install`` replaced."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

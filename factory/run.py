@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
-    interrupts.install()
+    handlers = interrupts.install()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     server = None
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        interrupts.restore(handlers)
 
 
 def _interrupted(signame: str, argv: list[str]) -> int:
