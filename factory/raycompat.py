@@ -58,16 +58,38 @@ def init_ray(address: str | None = None) -> None:
 def start_local_ray(attempts: int = 3, **init_kwargs: Any) -> None:
     """Start a private local Ray, again if its start-up timed out: Ray gives its raylet a
     fixed 30 s to register with the GCS, which a busy 2-core machine can exceed."""
+    import psutil
+
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, **init_kwargs}
     for attempt in range(1, attempts + 1):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
             ray.init(address="local", **kwargs)
             return
         except Exception as exc:
             if attempt == attempts or "timed out during startup" not in str(exc):
                 raise
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+        _discard_failed_start(before)
+
+
+def _discard_failed_start(before: set[int]) -> None:
+    """End the processes a failed ``ray.init`` left running (a GCS, a raylet ...) and
+    drop their handles quietly, so the next attempt starts alone."""
+    import gc
+    import warnings
+
+    import psutil
+
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=10)
+    with warnings.catch_warnings():  # their Popen handles were never waited on
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def map_stage(

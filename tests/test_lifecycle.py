@@ -307,3 +307,21 @@ def _stop_head(proc: subprocess.Popen, psutil) -> None:  # type: ignore[type-arg
     _, alive = psutil.wait_procs(tree, timeout=30)
     for p in alive:  # never leave a process behind, whatever failed above
         p.kill()
+
+
+def test_a_failed_ray_start_leaves_no_process_behind() -> None:
+    """What a timed-out ``ray.init`` started is ended before the next attempt, without a
+    ResourceWarning for the handles it leaves (pytest turns those into errors)."""
+    import warnings
+
+    import psutil
+
+    from factory.raycompat import _discard_failed_start
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        _discard_failed_start(before)
+    assert child.pid not in {p.pid for p in psutil.Process().children(recursive=True)}
+    child.wait(timeout=30)
