@@ -73,10 +73,11 @@ def start_local_ray(attempts: int = 3, **init_kwargs: Any) -> None:
 
 
 def _discard_failed_start(before: set[int]) -> None:
-    """End the processes a failed ``ray.init`` left running (a GCS, a raylet ...) and
-    drop their handles quietly, so the next attempt starts alone."""
+    """End the processes a failed ``ray.init`` left running (a GCS, a raylet ...) so the
+    next attempt starts alone, and reap them through Ray's own ``Popen`` handles: a
+    handle never waited on warns when collected, which pytest turns into an error."""
     import gc
-    import warnings
+    import subprocess
 
     import psutil
 
@@ -86,10 +87,12 @@ def _discard_failed_start(before: set[int]) -> None:
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    pids = {p.pid for p in left}
+    for obj in gc.get_objects():
+        if isinstance(obj, subprocess.Popen) and obj.pid in pids:
+            with contextlib.suppress(Exception):
+                obj.wait(timeout=10)
     psutil.wait_procs(left, timeout=10)
-    with warnings.catch_warnings():  # their Popen handles were never waited on
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
 
 
 def map_stage(
