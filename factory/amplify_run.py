@@ -315,7 +315,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
 
     assert cfg.amplify is not None and cfg.llm is not None
     template = preflight(cfg)
-    init_ray()
+    init_ray(cfg.ray.address)
     budget = _start_budget(cfg)
     manifest = new_manifest(cfg)
     target = cfg.amplify.target

@@ -243,6 +243,13 @@ class OutputConfig(_Strict):
 
 
 class RayConfig(_Strict):
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join (`ray://head:10001`, `head:6379`, `auto`). Unset: "
+        "join the cluster named by RAY_ADDRESS (set by `ray job submit`, and preferred over "
+        "this field), else start a private local Ray; never the cluster a stale "
+        "$RAY_TMPDIR/ray/ray_current_cluster file names.",
+    )
     batch_size: int = Field(16, ge=1, description="Rows per batch in LLM actor stages.")
     actors: int = Field(2, ge=1, description="Actors per LLM stage.")
     num_cpus: float = Field(

@@ -151,7 +151,7 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     es, mx = cfg.envsim, cfg.mixture
     mixture = Mixture.load(cfg.resolve(mx.path))
     tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
-    init_ray()
+    init_ray(cfg.ray.address)
     manifest = new_manifest(cfg)
     candidates = ShardWriter(
         out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows

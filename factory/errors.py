@@ -19,6 +19,7 @@ tree (kept in step with the classes below)::
     ├── BudgetExceeded              a cost / token / call cap was reached
     ├── OutputLocked                another run holds the output folder (.lock)
     ├── OutputWriteError            a file of the output or cache could not be written
+    ├── Interrupted                 Ctrl-C / SIGTERM, or a worker whose driver is gone
     └── EnvironmentError_           executable world refused an action (tool error)
 
 Messages say what to do next and never carry a secret or a whole payload:
@@ -38,6 +39,7 @@ __all__ = [
     "ConfigError",
     "EnvironmentError_",
     "FactoryError",
+    "Interrupted",
     "LLMBadRequest",
     "LLMError",
     "LLMRateLimited",
@@ -196,6 +198,14 @@ class BudgetExceeded(FactoryError):
     def __init__(self, cap: str, message: str, **kw: Any):
         super().__init__(message, **kw)
         self.cap = cap
+
+
+class Interrupted(FactoryError):
+    """The run was stopped from outside (Ctrl-C, SIGTERM, its driver died); the output
+    folder is left resumable."""
+
+    exit_code = EXIT_INTERRUPTED
+    reason = "interrupted"
 
 
 class EnvironmentError_(FactoryError):

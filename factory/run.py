@@ -3,8 +3,9 @@
 Parses arguments and calls one library function. Expected errors become a
 one-line message and a documented exit code (README, "Exit codes"):
 0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
-cap, 5 stopped before the target, 6 output folder in use, 7 a write failed.
-Under pytest unexpected errors re-raise so tests see the traceback.
+cap, 5 stopped before the target, 6 output folder in use, 7 a write failed, 130
+interrupted (Ctrl-C, SIGTERM: one line says how to resume). Under pytest
+unexpected errors re-raise so tests see the traceback.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from factory import interrupts
 from factory.config import load_recipe, resolve_recipe_path
 from factory.console import expected_error, process_start_time, setup_logging
-from factory.errors import EXIT_INTERNAL, ConfigError, FactoryError
+from factory.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ConfigError, FactoryError
 from factory.secrets import redact
 
 __all__ = ["main"]
@@ -74,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    handlers = interrupts.install()
     setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None
     try:
@@ -108,12 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         if result.error:
             _print_error(result.error, result.exit_code)
         return result.exit_code
+    except KeyboardInterrupt as exc:
+        return _interrupted(interrupts.signal_name(exc), argv)
     except FactoryError as exc:
+        if interrupts.received():  # Ray torn down under us by the same Ctrl-C
+            return _interrupted(interrupts.received() or "SIGINT", argv)
         return _print_error(str(exc), exc.exit_code, exc.details)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
     except Exception as exc:
+        if interrupts.received():
+            return _interrupted(interrupts.received() or "SIGINT", argv)
         expected = expected_error(exc)  # raised in a Ray task or actor: its one line
         if expected is not None:
             return _print_error(*expected)
@@ -128,6 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        interrupts.restore(handlers)
+
+
+def _interrupted(signame: str, argv: list[str]) -> int:
+    """The one line an interrupted run prints; the folder stays resumable (run.json
+    keeps status "running", the cache holds every stored response)."""
+    print(
+        f"interrupted by {signame}: the output folder is resumable; to continue, run the "
+        f"same command: {interrupts.resume_command(argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_INTERRUPTED
 
 
 # The development model's price: gpt-5's list price (factory.llm.pricing), so a recipe's
@@ -165,4 +188,11 @@ def _start_devserver(defects: str) -> Any:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        # Skip Ray's at-exit teardown: after a Ctrl-C its head processes may already be
+        # gone and the teardown then waits on them or aborts (exit 134). The head is
+        # fate-shared with this process and the workers watch it (factory.watchdog).
+        sys.stdout.flush()
+        os._exit(code)
+    raise SystemExit(code)

@@ -122,7 +122,7 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     from factory.pipeline import curate_dataset, iter_rows
     from factory.raycompat import init_ray
 
-    init_ray()
+    init_ray(cfg.ray.address)
     manifest = new_manifest(cfg)
     collector = Collector(
         out_dir, manifest, dataset_name=cfg.output.dataset_name, shard_rows=cfg.output.shard_rows

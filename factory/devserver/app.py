@@ -287,7 +287,15 @@ class _State:
         return total, cached
 
     def record(
-        self, digest: bytes, attempt: int, kind: str, status: int, defect: str | None
+        self,
+        digest: bytes,
+        attempt: int,
+        kind: str,
+        status: int,
+        defect: str | None,
+        *,
+        received: float | None = None,
+        request_id: str | None = None,
     ) -> None:
         self.by_status[str(status)] += 1
         if defect:
@@ -296,7 +304,9 @@ class _State:
             self.counts["completed"] += 1
         if self.log is not None:
             row = {
-                "time": round(time.time(), 6),
+                "time": round(time.time(), 6),  # when the answer (or the error) was sent
+                "received": round(received, 6) if received is not None else None,
+                "request_id": request_id,  # the client's X-Client-Request-Id
                 "body_hash": digest.hex(),
                 "attempt": attempt,
                 "kind": kind,
@@ -487,6 +497,7 @@ def _complete(
 
 async def _chat(request: web.Request) -> web.StreamResponse:
     arrived = time.monotonic()
+    received = time.time()
     state = request.app[_STATE]
     transport = request.transport
     if state.dead or transport is None:
@@ -589,7 +600,15 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     finally:
         state.open -= 1
         state.transports.discard(transport)
-        state.record(digest, attempt, kind, status, applied)
+        state.record(
+            digest,
+            attempt,
+            kind,
+            status,
+            applied,
+            received=received,
+            request_id=request.headers.get("X-Client-Request-Id"),
+        )
 
 
 async def _open_log(app: web.Application) -> None:

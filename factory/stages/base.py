@@ -192,6 +192,9 @@ class StageUDF:
     """
 
     def __init__(self, specs: list[StageSpec]):
+        from factory import watchdog
+
+        watchdog.start()  # stop calling and exit when the run's driver is gone
         self.stages: list[Stage] = [build(*args) for build, args in specs]
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from factory import watchdog
 from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
 from factory.errors import LLMError, LLMUnavailable, describe_os_error
@@ -104,6 +105,7 @@ def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
         request_deadline_s=llm.deadline.request_s,
         price=prices.lookup(model),
         client_factory=factory,
+        sleep=watchdog.sleep,  # no retry once the run's driver is gone
     )
 
 
@@ -212,6 +214,7 @@ class LLMStage(Stage):
         call before it started (status ``unissued``).
         """
         self._loop = asyncio.get_running_loop()
+        watchdog.note_loop(self._loop)
         row["request_id"] = rid
         record = self.cache.get(rid) if self.cache is not None else None
         if record is not None:
@@ -224,6 +227,7 @@ class LLMStage(Stage):
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.slots)
             async with self._slots:
+                watchdog.check()  # the driver is gone: no new request
                 if self._cache_error is not None:  # an answer now could not be stored
                     row.update(
                         status=UNISSUED,

@@ -1,0 +1,207 @@
+"""A worker stops calling the moment its run's driver is gone.
+
+Ray runs each worker in its own process group, so neither the OOM killer, a
+``kill -9`` of the driver nor a kill of the driver's whole group reaches the
+actors; Ray itself ends them only when it notices (measured: 0.3-5 s later),
+and meanwhile they keep issuing LLM calls whose responses nobody will collect:
+paid for twice on the resume. Every stage actor therefore starts a watcher
+thread (``start``) that checks, every ``POLL_S``:
+
+* the driver process (pid and create time, looked up in the GCS job table at
+  start), when it runs on this node;
+* the parent raylet (``os.getppid()`` changes when the raylet dies: a local
+  Ray is fate-shared with the driver that started it);
+* the job's state in the GCS (``is_dead``), every ``GCS_POLL_S``: the only
+  signal on another node than the driver's.
+
+On loss it sets a flag at once (``stopped``; ``check`` raises ``Interrupted``,
+and LLM stages call it before each attempt, so no new request leaves), lets
+responses already received be stored for ``GRACE_S``, then ends the process on
+its event loop (never in the middle of a cache write) and, should that loop be
+stuck, from the thread ``HARD_EXIT_S`` later. What a crash can re-pay is thus
+exactly the requests in flight at the kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from factory.errors import EXIT_INTERRUPTED, Interrupted
+
+__all__ = ["DriverWatch", "check", "loss_reason", "sleep", "start", "stopped"]
+
+POLL_S = 0.1
+GCS_POLL_S = 0.5
+GRACE_S = 0.3
+HARD_EXIT_S = 2.0
+
+log = logging.getLogger(__name__)
+
+_stop = threading.Event()
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+@dataclass(frozen=True)
+class DriverWatch:
+    """What a worker knows about its driver when its watcher starts."""
+
+    parent_pid: int  # the raylet that spawned this worker
+    driver_pid: int | None  # set only when the driver runs on this node
+    driver_create_time: float | None
+
+
+def loss_reason(
+    watch: DriverWatch,
+    *,
+    parent_pid: int,
+    driver_create_time: float | None,
+    job_dead: bool,
+) -> str | None:
+    """Why the run is gone, or None while it is alive (a pure function of observations).
+
+    ``driver_create_time`` is the create time of the process now holding the
+    driver's pid (None when no process holds it): a different time means the
+    pid was reused, so the driver is gone all the same.
+    """
+    if job_dead:
+        return "the job is marked dead in the GCS"
+    if parent_pid != watch.parent_pid:
+        return f"the raylet (pid {watch.parent_pid}) is gone"
+    if watch.driver_pid is not None and driver_create_time != watch.driver_create_time:
+        return f"the driver (pid {watch.driver_pid}) is gone"
+    return None
+
+
+def stopped() -> bool:
+    """True once this process learnt that its driver is gone."""
+    return _stop.is_set()
+
+
+def check() -> None:
+    """Refuse to start a request once the driver is gone.
+
+    Raises:
+        Interrupted: the run's driver is gone; this worker is about to exit.
+    """
+    if _stop.is_set():
+        raise Interrupted("the run's driver is gone: this worker stops calling")
+
+
+async def sleep(delay: float) -> None:
+    """``asyncio.sleep`` for retry back-off that refuses the next attempt once stopped."""
+    await asyncio.sleep(delay)
+    check()
+
+
+def note_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Remember the event loop that stores responses: the process ends on it, between
+    two callbacks, so a cache write in progress always completes."""
+    global _loop
+    _loop = loop
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def _job_info(gcs: object, job_id: str) -> tuple[bool, int, str] | None:
+    """(is_dead, driver pid, driver node id) of ``job_id`` from the GCS; None if unknown."""
+    try:
+        jobs = gcs.get_all_job_info(  # type: ignore[attr-defined]
+            job_or_submission_id=job_id,
+            skip_submission_job_info_field=True,
+            skip_is_running_tasks_field=True,
+            timeout=2,
+        )
+    except Exception:  # GCS unreachable: say nothing (the raylet check covers a dead head)
+        return None
+    for key, job in jobs.items():
+        if key.hex() == job_id:
+            return bool(job.is_dead), int(job.driver_pid), job.driver_address.node_id.hex()
+    return None
+
+
+def start() -> None:
+    """Start this worker's watcher once (no-op in a driver and outside Ray)."""
+    global _thread
+    with _lock:
+        if _thread is not None:
+            return
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return
+            ctx = ray.get_runtime_context()
+            if ctx.worker.mode != ray.WORKER_MODE:
+                return  # the driver (tests run stages in-process too)
+            job_id, node_id = ctx.get_job_id(), ctx.get_node_id()
+            gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
+        except Exception:  # an unusual Ray set-up: run unwatched rather than not at all
+            log.debug("driver watch not started", exc_info=True)
+            return
+        info = _job_info(gcs, job_id)
+        driver_pid = info[1] if info and info[2] == node_id and info[1] else None
+        watch = DriverWatch(
+            parent_pid=os.getppid(),
+            driver_pid=driver_pid,
+            driver_create_time=_create_time(driver_pid) if driver_pid else None,
+        )
+        _thread = threading.Thread(
+            target=_watch, args=(watch, gcs, job_id), name="factory-driver-watch", daemon=True
+        )
+        _thread.start()
+
+
+def _watch(watch: DriverWatch, gcs: object, job_id: str) -> None:
+    next_gcs = 0.0
+    job_dead = False
+    while True:
+        now = time.monotonic()
+        if now >= next_gcs:
+            info = _job_info(gcs, job_id)
+            job_dead = bool(info and info[0])
+            next_gcs = now + GCS_POLL_S
+        reason = loss_reason(
+            watch,
+            parent_pid=os.getppid(),
+            driver_create_time=_create_time(watch.driver_pid) if watch.driver_pid else None,
+            job_dead=job_dead,
+        )
+        if reason is not None:
+            _shut_down(reason)
+            return
+        time.sleep(POLL_S)
+
+
+def _exit() -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _shut_down(reason: str) -> None:
+    _stop.set()  # from here on no request starts
+    with contextlib.suppress(Exception):
+        print(f"factory: {reason}; this worker stops calling and exits", file=sys.stderr)
+    time.sleep(GRACE_S)  # responses already received are stored meanwhile
+    loop = _loop
+    if loop is not None and not loop.is_closed():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_exit)
+            time.sleep(HARD_EXIT_S)
+    _exit()
