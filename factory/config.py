@@ -60,7 +60,11 @@ class _Strict(BaseModel):
 
 class DomainConfig(_Strict):
     name: str = Field(description="Domain name, e.g. 'airline'.")
-    tools: str = Field(description="JSON file: list of OpenAI function specs with x-kind.")
+    tools: str | None = Field(
+        None,
+        description="JSON file: list of OpenAI function specs with x-kind; default: the pack "
+        "of the domain's plug-in (then policy and rules default to the pack's too).",
+    )
     policy: str | None = Field(None, description="Markdown policy shown to models and agents.")
     rules: str | None = Field(None, description="filters/<domain>.yaml with domain rules.")
 

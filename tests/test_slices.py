@@ -11,9 +11,9 @@ import pytest
 
 from factory.delta import apply, diff, same_json
 from factory.envs.airline import AirlineEnv
+from factory.envs.airline.slices import empty_slice, project, slice_for
 from factory.envs.airline.tools import AIRPORTS, WRITE_TOOLS
 from factory.envs.airline.world import CABINS, generate_world
-from factory.slices import empty_slice, project, slice_for
 
 MAX_SLICE_BYTES = 32_000
 

@@ -91,7 +91,7 @@ def test_booking_step_carries_what_it_created(world: AirlineEnv) -> None:
         "env_id": "w3",
     }
     for sample in (read, book):
-        check_step(sample)
+        check_step(sample, domain="airline")
         assert same_json(apply(sample.delta, sample.state_before), sample.state_after)
     assert world.state["reservations"].get(booked) is None  # the caller's world is untouched
 
@@ -102,7 +102,7 @@ def test_failed_write_is_a_failure_without_change(world: AirlineEnv) -> None:
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     assert sample.observation.startswith("Error: payment amount does not add up")
     assert sample.delta == [] and sample.labels["group"] == "Failure"
-    check_step(sample)
+    check_step(sample, domain="airline")
 
 
 def test_decompose_reads_ids_from_metadata_and_lets_callers_override(world: AirlineEnv) -> None:
@@ -136,7 +136,7 @@ def test_round_trip_through_json(world: AirlineEnv) -> None:
     for sample in decompose_calls([("book_reservation", args)], world.copy(), env_id="w3"):
         again = StepSample.from_dict(json.loads(json.dumps(sample.to_dict())))
         assert again == sample
-        check_step(again)
+        check_step(again, domain="airline")
 
 
 def test_step_errors_carry_a_registered_reason() -> None:
@@ -199,9 +199,9 @@ def test_check_step_catches_every_broken_guarantee(
 ) -> None:
     args = _booking(world)
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
-    check_step(sample)
+    check_step(sample, domain="airline")
     with pytest.raises(StepError, match=message):
-        check_step(_tampered(sample, how))
+        check_step(_tampered(sample, how), domain="airline")
 
 
 def test_arguments_must_be_objects(world: AirlineEnv) -> None:
@@ -212,8 +212,24 @@ def test_arguments_must_be_objects(world: AirlineEnv) -> None:
 def test_unknown_domain_has_no_slices(world: AirlineEnv) -> None:
     env = world.copy()
     env.domain = "retail"  # type: ignore[misc]
-    with pytest.raises(ConfigError, match="no state slices for domain 'retail'"):
+    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
         list(decompose_calls([("think", {"thought": "x"})], env, env_id="w"))
+
+
+def test_a_domain_without_slicing_is_named_with_those_that_have_it(world: AirlineEnv) -> None:
+    from factory.envs import DomainPlugin, register_domain
+    from factory.envs.registry import reset_registry
+
+    register_domain(DomainPlugin("bare"))
+    try:
+        env = world.copy()
+        env.domain = "bare"  # type: ignore[misc]
+        with pytest.raises(
+            ConfigError, match="'bare' supplies no slicing; domains that do: airline"
+        ):
+            list(decompose_calls([("think", {"thought": "x"})], env, env_id="w"))
+    finally:
+        reset_registry()
 
 
 def test_arguments_are_detached_from_the_caller(world: AirlineEnv) -> None:
@@ -251,9 +267,10 @@ def test_tool_source_includes_the_constants_that_decide_the_outcome() -> None:
     assert "def _flight_cost(" not in certificate
 
 
-@pytest.mark.parametrize(("domain", "tool"), [("airline", "fly_me"), ("retail", "think")])
-def test_tool_source_of_unknown_tools_is_none(domain: str, tool: str) -> None:
-    assert tool_source(domain, tool) is None
+def test_tool_source_of_unknown_tools_is_none() -> None:
+    assert tool_source("airline", "fly_me") is None
+    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
+        tool_source("retail", "think")
 
 
 # --- the 200 recorded tau-bench trajectories ----------------------------------------------------
@@ -272,7 +289,7 @@ def test_every_recorded_taubench_step_keeps_the_invariants(taubench_dir: Path) -
         traj = parse_record(record, source=f"gpt-4o-airline.json:{i}", default_tools=tools)
         recorded = [t.content for t in traj.turns if t.role == "tool"]
         for sample in decompose(traj, pristine.copy(), env_id="taubench-airline"):
-            check_step(sample)
+            check_step(sample, domain="airline")
             assert same_json(apply(sample.delta, sample.state_before), sample.state_after)
             assert sample.task_id == str(record["task_id"])
             failed = recorded[sample.step].startswith("Error")

@@ -15,8 +15,9 @@ The expensive part (finding entities) is done once per reference by
 which keeps a 30-turn reference well under a millisecond.
 
 A simulate prompt (``factory.simulator``) is answered by a *perfect*
-simulator: the call is executed on the given state slice in the airline
-world and the answer is the real observation and the exact Δ, so a metric run
+simulator: the call is executed on the given state slice in the world of
+the domain whose state it is (the first registered domain that accepts it)
+and the answer is the real observation and the exact Δ, so a metric run
 against the devserver must score 100% unless a defect is switched on.
 """
 
@@ -34,7 +35,7 @@ from functools import lru_cache
 from typing import Any
 
 from factory.delta import diff
-from factory.envs.base import get_environment
+from factory.envs.registry import available_domains, get_environment
 from factory.errors import ConfigError
 from factory.simulator import SIM_MARKER, STATE_MARKER
 
@@ -661,15 +662,19 @@ def read_simulation(text: str) -> tuple[dict[str, Any], Any, Any] | None:
 
 
 def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str, Any] | None:
-    """A perfect simulator's answer: execute the call on ``state`` in the airline world.
+    """A perfect simulator's answer: execute the call on ``state`` in its domain's world.
 
     Returns:
         ``{"feedback": observation, "config_changes": diff(state, new state)}``, or
-        None when ``state`` is not an airline state (a table missing).
+        None when no registered domain builds a world on ``state`` (a table missing).
     """
-    try:
-        env = get_environment("airline", state=deepcopy(state))
-    except ConfigError:
+    for domain in available_domains("environment"):
+        try:
+            env = get_environment(domain, state=deepcopy(state))
+            break
+        except ConfigError:
+            continue
+    else:
         return None
     feedback = env.execute(name, arguments)
     return {"feedback": feedback, "config_changes": diff(state, env.state)}
