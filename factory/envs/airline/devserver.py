@@ -21,9 +21,8 @@ from copy import deepcopy
 from typing import Any
 
 from factory.envs.airline import TABLES, AirlineEnv
-from factory.envs.airline.sampler import FREE_BAGS
+from factory.envs.airline.lookups import FREE_BAGS, active_reservations, city, started
 from factory.envs.airline.scenarios import BOOKING_WINDOW
-from factory.envs.airline.tools import AIRPORTS, NOW
 from factory.errors import ConfigError
 
 __all__ = ["OBSERVATION_ENUMS", "PLOTS", "grounded_trajectory", "read_state"]
@@ -36,7 +35,6 @@ PLOTS: dict[str, str | None] = {
     "status": "get_reservation_details",
     "profile": None,
 }
-_TODAY = NOW[:10]
 _DAY_BEFORE = "2024-05-14T15:00:00"  # bookings made after this are within 24 hours of NOW
 #: Enum values a drifting simulator swaps among (the devserver's ``wrong_observation``).
 OBSERVATION_ENUMS: dict[str, tuple[str, ...]] = {
@@ -118,16 +116,6 @@ class _Episode:
             self.say("You're welcome! Have a good trip.")
 
 
-def _city(code: Any) -> str:
-    return f"{AIRPORTS.get(code, code)} ({code})"
-
-
-def _active(state: State, user_id: str) -> list[dict[str, Any]]:
-    ids = state["users"][user_id].get("reservations") or []
-    found = [state["reservations"].get(r) for r in ids]
-    return [r for r in found if isinstance(r, dict) and r.get("status") != "cancelled"]
-
-
 def _payer(user: dict[str, Any], cost: int) -> str | None:
     """A credit card, else a gift card that covers ``cost``."""
     methods = user.get("payment_methods") or {}
@@ -139,15 +127,6 @@ def _payer(user: dict[str, Any], cost: int) -> str | None:
         if m["amount"] >= cost
     )
     return (cards or gifts or [None])[0]
-
-
-def _started(state: State, reservation: dict[str, Any]) -> bool:
-    for leg in reservation.get("flights") or []:
-        on_date = state["flights"].get(leg.get("flight_number"), {}).get("dates", {})
-        status = (on_date.get(leg.get("date")) or {}).get("status")
-        if str(leg.get("date")) < _TODAY or status in ("landed", "flying"):
-            return True
-    return False
 
 
 def _legs(reservation: dict[str, Any]) -> str:
@@ -194,7 +173,7 @@ def _status(ep: _Episode) -> None:
     found = json.loads(observation)
     ep.close(
         f"Reservation {rid} is a {found['flight_type'].replace('_', '-')} trip from "
-        f"{_city(found['origin'])} to {_city(found['destination'])} in {found['cabin']}: "
+        f"{city(found['origin'])} to {city(found['destination'])} in {found['cabin']}: "
         f"{_legs(found)}, with {len(found['passengers'])} passenger(s) and "
         f"{found['total_baggages']} checked bag(s)."
     )
@@ -202,7 +181,7 @@ def _status(ep: _Episode) -> None:
 
 def _cancel(ep: _Episode) -> None:
     state = ep.env.state
-    reservation = ep.rng.choice(_active(state, ep.user_id))
+    reservation = ep.rng.choice(active_reservations(state, ep.user_id))
     rid = reservation["reservation_id"]
     reason = ep.pick(("my plans changed", "I have a schedule conflict", "I am sick"))
     ep.open(f"I need to cancel reservation {rid} because {reason}.")
@@ -211,7 +190,7 @@ def _cancel(ep: _Episode) -> None:
         {"reservation_id": rid},
         f"Check {rid} before deciding whether it can be cancelled.",
     )
-    allowed = not _started(state, reservation) and (
+    allowed = not started(state, reservation, unknown_departed=False) and (
         str(reservation.get("created_at", "")) >= _DAY_BEFORE
         or reservation.get("cabin") == "business"
         or reservation.get("insurance") == "yes"
@@ -235,7 +214,7 @@ def _cancel(ep: _Episode) -> None:
 def _baggage_plan(ep: _Episode, added: int) -> tuple[dict[str, Any], int, int, int, str] | None:
     """(reservation, new total, new non-free count, cost, payer) of adding ``added`` bags."""
     user = ep.user
-    for reservation in _active(ep.env.state, ep.user_id):
+    for reservation in active_reservations(ep.env.state, ep.user_id):
         total = int(reservation.get("total_baggages", 0)) + added
         nonfree = int(reservation.get("nonfree_baggages", 0))
         allowance = FREE_BAGS.get(str(user.get("membership")), FREE_BAGS["regular"])
@@ -282,7 +261,7 @@ def _book(ep: _Episode) -> None:
     number, day, cabin, price = ep.rng.choice(options)
     flight = ep.env.state["flights"][number]
     origin, destination = flight["origin"], flight["destination"]
-    ep.open(f"I want to fly from {_city(origin)} to {_city(destination)} on {day}.")
+    ep.open(f"I want to fly from {city(origin)} to {city(destination)} on {day}.")
     found = json.loads(
         ep.call(
             "search_direct_flight",
@@ -339,7 +318,7 @@ def _feasible(ep: _Episode, plot: str) -> bool:
     if plot == "status":
         return bool(state["reservations"])
     if plot == "cancel":
-        return bool(_active(state, ep.user_id))
+        return bool(active_reservations(state, ep.user_id))
     if plot == "baggage":
         return _baggage_plan(ep, 1) is not None
     if plot == "book":

@@ -41,8 +41,15 @@ from datetime import date, timedelta
 from typing import Any
 
 from factory.delta import changed_size
+from factory.envs.airline.lookups import (
+    FREE_BAGS,
+    TODAY,
+    active_reservations,
+    city,
+    on_date,
+    started,
+)
 from factory.envs.airline.tools import (
-    AIRPORTS,
     NEW_CERTIFICATE_IDS,
     NOW,
     PARAMETERS,
@@ -53,20 +60,13 @@ from factory.envs.base import Environment
 from factory.labels import is_error_observation, trajectory_labels
 from factory.trajectory import ToolCall, Trajectory, Turn
 
-__all__ = ["DEFAULT_SYSTEM", "FREE_BAGS", "SCENARIOS", "default_tools", "sample_episode"]
+__all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
 
 DEFAULT_SYSTEM = (
     "You are an airline customer service agent. The current time is 2024-05-15 15:00:00 EST. "
     "Use the tools to help the user and follow the airline policy."
 )
-TODAY = NOW[:10]
 CABINS = ("basic_economy", "economy", "business")
-#: Free checked bags per passenger by membership and cabin (the domain policy's table).
-FREE_BAGS = {
-    "regular": {"basic_economy": 0, "economy": 1, "business": 2},
-    "silver": {"basic_economy": 1, "economy": 2, "business": 3},
-    "gold": {"basic_economy": 2, "economy": 3, "business": 3},
-}
 #: Scenario -> weight; a scenario no user fits falls back to ``browse``.
 SCENARIOS: dict[str, float] = {
     "browse": 0.13,
@@ -118,45 +118,26 @@ def default_tools() -> list[dict[str, Any]]:
 # --- reading the state ----------------------------------------------------------------------
 
 
-def _on_date(state: State, leg: Mapping[str, Any]) -> dict[str, Any]:
-    flight = state["flights"].get(leg["flight_number"], {})
-    found: dict[str, Any] = flight.get("dates", {}).get(leg["date"]) or {}
-    return found
-
-
 def _bookable(state: State, leg: Mapping[str, Any], cabin: str, seats: int) -> bool:
-    info = _on_date(state, leg)
+    info = on_date(state, leg)
     return info.get("status") == "available" and info["available_seats"][cabin] >= seats
 
 
 def _price(state: State, leg: Mapping[str, Any], cabin: str) -> int:
-    price: int = _on_date(state, leg)["prices"][cabin]
+    price: int = on_date(state, leg)["prices"][cabin]
     return price
 
 
-def _started(state: State, reservation: dict[str, Any]) -> bool:
-    """Whether a segment has departed (an unknown status counts as departed)."""
-    return any(
-        leg["date"] < TODAY or _on_date(state, leg).get("status") in (None, "landed", "flying")
-        for leg in reservation["flights"]
-    )
-
-
 def _airline_cancelled(state: State, reservation: dict[str, Any]) -> bool:
-    return any(_on_date(state, leg).get("status") == "cancelled" for leg in reservation["flights"])
-
-
-def _active(state: State, user_id: str) -> list[dict[str, Any]]:
-    found = (state["reservations"].get(r) for r in state["users"][user_id]["reservations"])
-    return [r for r in found if r is not None and r.get("status") != "cancelled"]
+    return any(on_date(state, leg).get("status") == "cancelled" for leg in reservation["flights"])
 
 
 def _changeable(state: State, reservation: dict[str, Any], mode: str) -> bool:
-    if _started(state, reservation):
+    if started(state, reservation):
         return False
     if mode == "change_cabin":
         return all(
-            _on_date(state, leg).get("status") == "available" for leg in reservation["flights"]
+            on_date(state, leg).get("status") == "available" for leg in reservation["flights"]
         )
     one_leg_each_way = len(reservation["flights"]) == (
         2 if reservation["flight_type"] == "round_trip" else 1
@@ -170,10 +151,6 @@ def _methods(profile: dict[str, Any], source: str) -> list[str]:
 
 def _shift(day: str, days: int) -> str:
     return (date.fromisoformat(day) + timedelta(days=days)).isoformat()
-
-
-def _city(code: str) -> str:
-    return f"{AIRPORTS.get(code, code)} ({code})"
 
 
 # --- wrong calls --------------------------------------------------------------------------------
@@ -271,7 +248,7 @@ def _wrong_bookings(ep: _Episode, args: Args, total: int) -> dict[str, Args]:
             "flights": [{**legs[0], "date": rng.choice(past)}, *legs[1:]],
         }
     for cabin in CABINS:
-        if any(_on_date(state, leg)["available_seats"][cabin] < seats for leg in legs):
+        if any(on_date(state, leg)["available_seats"][cabin] < seats for leg in legs):
             wrong["not_enough_seats"] = {**args, "cabin": cabin}
             break
     wrong["wrong_type"] = {**args, "total_baggages": str(args["total_baggages"])}
@@ -426,7 +403,7 @@ def _transfer(ep: _Episode) -> str:
 
 def _cancel(ep: _Episode) -> str:
     state, rng = ep.state, ep.rng
-    reservation = rng.choice(_active(state, ep.user_id))
+    reservation = rng.choice(active_reservations(state, ep.user_id))
     rid = reservation["reservation_id"]
     reasons = ["change of plans", "health reasons", "bad weather"]
     reasons += ["the airline cancelled my flight"] if _airline_cancelled(state, reservation) else []
@@ -434,7 +411,7 @@ def _cancel(ep: _Episode) -> str:
     ep.request(f"Please cancel reservation {rid}, {reason}.")
     ep.known_profile()
     reservation = ep.lookup(rid)
-    if _started(state, reservation) and not ep.violate("cancel_started_trip"):
+    if started(state, reservation) and not ep.violate("cancel_started_trip"):
         if rng.random() < 0.6:
             summary = f"User {ep.user_id} wants to cancel {rid}, which has already started."
             ep.act("transfer_to_human_agents", {"summary": summary})
@@ -458,7 +435,9 @@ def _cancel(ep: _Episode) -> str:
 def _change(ep: _Episode, mode: str) -> str:
     """A new date for one leg (``change_flights``) or a new cabin for all (``change_cabin``)."""
     state, rng = ep.state, ep.rng
-    reservation = rng.choice([r for r in _active(state, ep.user_id) if _changeable(state, r, mode)])
+    reservation = rng.choice(
+        [r for r in active_reservations(state, ep.user_id) if _changeable(state, r, mode)]
+    )
     rid, cabin, seats = (
         reservation["reservation_id"],
         reservation["cabin"],
@@ -495,7 +474,7 @@ def _change(ep: _Episode, mode: str) -> str:
             "destination": old["destination"],
             "date": legs[index]["date"],
         }
-        ep.request(f"Can I move my {_city(old['origin'])} flight on {rid} to {search['date']}?")
+        ep.request(f"Can I move my {city(old['origin'])} flight on {rid} to {search['date']}?")
     ep.known_profile()
     reservation = ep.lookup(rid)
     if search is not None:
@@ -524,7 +503,9 @@ def _change(ep: _Episode, mode: str) -> str:
 
 def _baggage(ep: _Episode) -> str:
     state, rng = ep.state, ep.rng
-    reservation = rng.choice([r for r in _active(state, ep.user_id) if not _started(state, r)])
+    reservation = rng.choice(
+        [r for r in active_reservations(state, ep.user_id) if not started(state, r)]
+    )
     rid, total, nonfree = (
         reservation[k] for k in ("reservation_id", "total_baggages", "nonfree_baggages")
     )
@@ -546,7 +527,7 @@ def _baggage(ep: _Episode) -> str:
 
 
 def _passengers(ep: _Episode) -> str:
-    reservation = ep.rng.choice(_active(ep.state, ep.user_id))
+    reservation = ep.rng.choice(active_reservations(ep.state, ep.user_id))
     rid, people = reservation["reservation_id"], [dict(p) for p in reservation["passengers"]]
     index = ep.rng.randrange(len(people))
     if ep.rng.random() < 0.5:
@@ -567,7 +548,7 @@ def _passengers(ep: _Episode) -> str:
 def _compensation(ep: _Episode) -> str:
     state = ep.state
     reservation = ep.rng.choice(
-        [r for r in _active(state, ep.user_id) if _airline_cancelled(state, r)]
+        [r for r in active_reservations(state, ep.user_id) if _airline_cancelled(state, r)]
     )
     rid = reservation["reservation_id"]
     ep.request(f"My flight on reservation {rid} was cancelled. I expect something for that.")
@@ -685,8 +666,8 @@ def _book(ep: _Episode, *, stacked: bool = False) -> str:
     seats = rng.choice((3, 4, 5) if stacked else (1, 1, 1, 2, 2, 3, 4, 5))
     cabin = "business" if stacked else rng.choice(CABINS)
     ep.request(
-        f"I'd like to book a {'round' if back else 'one-way'} trip from {_city(origin)} to "
-        f"{_city(destination)} on {day}{f', back on {back}' if back else ''}, "
+        f"I'd like to book a {'round' if back else 'one-way'} trip from {city(origin)} to "
+        f"{city(destination)} on {day}{f', back on {back}' if back else ''}, "
         f"{cabin.replace('_', ' ')}, for {seats} passenger(s)."
     )
     profile = ep.identify() if stacked else ep.known_profile()  # stacked: see new certificates
@@ -796,13 +777,13 @@ def _fits(state: State, scenario: str, user_id: str) -> bool:
             and len(sources) - sources.count("credit_card") >= 2
             and bool(user["reservations"])
         )
-    active = _active(state, user_id)
+    active = active_reservations(state, user_id)
     if scenario in ("cancel", "passengers"):
         return bool(active)
     if scenario == "compensation":
         return any(_airline_cancelled(state, r) for r in active)
     if scenario == "baggage":
-        return card and any(not _started(state, r) for r in active)
+        return card and any(not started(state, r) for r in active)
     return card and any(_changeable(state, r, scenario) for r in active)
 
 
