@@ -33,6 +33,7 @@ from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
 from factory.simulator import render_prediction
 
 from .conftest import ROOT
+from .helpers import booking_args
 
 ENV_ID = "airline-gen-3"
 
@@ -72,18 +73,9 @@ def _calls(state: dict[str, Any]) -> list[tuple[str, Any]]:
     rid = user["reservations"][0]
     res = state["reservations"][rid]
     gift_part = min(user["payment_methods"][gift]["amount"], price)
-    booking = {
-        "user_id": payer,
-        "origin": flight["origin"],
-        "destination": flight["destination"],
-        "flight_type": "one_way",
-        "cabin": "economy",
-        "flights": [{"flight_number": number, "date": day}],
-        "passengers": [{**user["name"], "dob": user["dob"]}],
-        "total_baggages": 0,
-        "nonfree_baggages": 0,
-        "insurance": "no",
-    }
+    me = [{**user["name"], "dob": user["dob"]}]
+    booking = booking_args(state, user_id=payer, flight_number=number, date=day, passengers=me)
+    del booking["payment_methods"]  # each call below pays its own way
     by_gift = [{"payment_id": gift, "amount": gift_part}]
     if price > gift_part:
         by_gift.append({"payment_id": card, "amount": price - gift_part})

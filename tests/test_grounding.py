@@ -39,6 +39,8 @@ from factory.sampler import EpisodeSampler
 from factory.trajectory import ToolCall, Trajectory, Turn
 from factory.validate import validate
 
+from .helpers import booking_args
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"n_users": 40, "n_flights": 60, "n_reservations": 120}
 WORLD_SEED = 3
@@ -217,28 +219,11 @@ def test_delta_size_of_a_booking_is_exact(world: GroundingWorld) -> None:
     )
     card = next(p for p, m in user["payment_methods"].items() if m["source"] == "credit_card")
     gift = next(p for p, m in user["payment_methods"].items() if m["source"] == "gift_card")
-    number, day, price = next(
-        (n, d, on["prices"]["economy"])
-        for n, f in state["flights"].items()
-        for d, on in f["dates"].items()
-        if on["status"] == "available" and on["available_seats"]["economy"] > 0
-    )
-    flight = state["flights"][number]
+    (paid,) = booking_args(state, user_id=uid)["payment_methods"]
+    price = paid["amount"]
 
     def booking(payments: list[dict[str, Any]]) -> Trajectory:
-        args = {
-            "user_id": uid,
-            "origin": flight["origin"],
-            "destination": flight["destination"],
-            "flight_type": "one_way",
-            "cabin": "economy",
-            "flights": [{"flight_number": number, "date": day}],
-            "passengers": [{"first_name": "Ana", "last_name": "Costa", "dob": "1990-01-01"}],
-            "payment_methods": payments,
-            "total_baggages": 0,
-            "nonfree_baggages": 0,
-            "insurance": "no",
-        }
+        args = booking_args(state, user_id=uid, payments=payments)
         turns = [
             Turn("user", "Book it."),
             Turn("assistant", tool_calls=[ToolCall("book_reservation", args)]),

@@ -223,9 +223,9 @@ def test_random_calls_on_generated_worlds_slice_exactly(seed: int) -> None:
 # --- unit behaviour ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def world() -> dict[str, Any]:
-    return generate_world(11, n_users=10, n_flights=20, n_reservations=20)
+@pytest.fixture()
+def world(airline_world: dict[str, Any]) -> dict[str, Any]:
+    return airline_world
 
 
 @pytest.mark.parametrize(

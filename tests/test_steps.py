@@ -26,40 +26,12 @@ from factory.steps import (
 )
 from factory.trajectory import ToolCall, Trajectory, Turn
 
-
-@pytest.fixture(scope="module")
-def world() -> AirlineEnv:
-    return AirlineEnv.create(seed=3, n_users=40, n_flights=60, n_reservations=120)
+from .helpers import booking_args
 
 
-def _user_with_card(env: AirlineEnv) -> tuple[str, str]:
-    for uid, user in env.state["users"].items():
-        for pid, method in user["payment_methods"].items():
-            if method["source"] == "credit_card":
-                return uid, pid
-    raise AssertionError("the generated world has no credit card")
-
-
-def _booking(env: AirlineEnv) -> dict[str, Any]:
-    """A valid one-way booking for one passenger, paid by card."""
-    uid, card = _user_with_card(env)
-    for number, flight in env.state["flights"].items():
-        for day, info in flight["dates"].items():
-            if info.get("status") == "available" and info["available_seats"]["economy"] > 0:
-                return {
-                    "user_id": uid,
-                    "origin": flight["origin"],
-                    "destination": flight["destination"],
-                    "flight_type": "one_way",
-                    "cabin": "economy",
-                    "flights": [{"flight_number": number, "date": day}],
-                    "passengers": [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}],
-                    "payment_methods": [{"payment_id": card, "amount": info["prices"]["economy"]}],
-                    "total_baggages": 0,
-                    "nonfree_baggages": 0,
-                    "insurance": "no",
-                }
-    raise AssertionError("no bookable flight")
+@pytest.fixture()
+def world(airline_world: dict[str, Any]) -> AirlineEnv:
+    return AirlineEnv(airline_world).copy()  # a fork: the session's world stays pristine
 
 
 def _some_reservation(env: AirlineEnv) -> str:
@@ -67,7 +39,7 @@ def _some_reservation(env: AirlineEnv) -> str:
 
 
 def test_booking_step_carries_what_it_created(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     uid, env = args["user_id"], world.copy()
     calls = [("get_user_details", {"user_id": uid}), ("book_reservation", args)]
     read, book = list(decompose_calls(calls, env, env_id="w3", user_id=uid))
@@ -97,7 +69,7 @@ def test_booking_step_carries_what_it_created(world: AirlineEnv) -> None:
 
 
 def test_failed_write_is_a_failure_without_change(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     args["payment_methods"][0]["amount"] += 1
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     assert sample.observation.startswith("Error: payment amount does not add up")
@@ -132,7 +104,7 @@ def test_decompose_reads_ids_from_metadata_and_lets_callers_override(world: Airl
 
 
 def test_round_trip_through_json(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     for sample in decompose_calls([("book_reservation", args)], world.copy(), env_id="w3"):
         again = StepSample.from_dict(json.loads(json.dumps(sample.to_dict())))
         assert again == sample
@@ -197,7 +169,7 @@ def _tampered(sample: StepSample, how: str) -> StepSample:
 def test_check_step_catches_every_broken_guarantee(
     world: AirlineEnv, how: str, message: str
 ) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     check_step(sample, domain="airline")
     with pytest.raises(StepError, match=message):
@@ -233,7 +205,7 @@ def test_a_domain_without_slicing_is_named_with_those_that_have_it(world: Airlin
 
 
 def test_arguments_are_detached_from_the_caller(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     pristine = deepcopy(args)
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     args["passengers"].append({"first_name": "X", "last_name": "Y", "dob": "2000-01-01"})
