@@ -29,6 +29,7 @@ from factory.devserver.simulate import (
     reference_from_block,
     vary_opening,
 )
+from factory.envs.airline.devserver import PLACES
 from factory.trajectory import Turn
 
 PROFILE = {
@@ -260,7 +261,7 @@ def test_amplify_renames_consistently_and_keeps_structure(seed: int) -> None:
     assert re.fullmatch(r"HAT\d{3}", flight["flight_number"])
     origin, dest = flight["origin"], flight["destination"]
     assert out[5]["tool_calls"][0]["arguments"]["origin"] == origin
-    city_from, city_to = simulate.AIRPORTS[origin], simulate.AIRPORTS[dest]
+    city_from, city_to = PLACES[origin], PLACES[dest]
     assert f"from {city_from} to {city_to} on May " in out[0]["content"]
     day = int(flight["date"][-2:])
     assert flight["date"][:8] == "2024-05-"

@@ -139,11 +139,20 @@ class DevserverHooks:
     conversation (``{"messages": [...]}``) whose every call was executed on
     ``state``, or None. ``observation_enums``: per JSON key, the values a
     drifting simulator swaps among (the ``wrong_observation`` defect).
+
+    What the devserver renames in an ungrounded reference, besides names, ids
+    and dates: ``places`` (code -> place name, e.g. an airport and its city; one
+    code per name, so a name always renames with its code), ``source_only_places``
+    (renamed when seen, never chosen as a new value) and ``id_keys`` (JSON keys
+    whose string values are ids, besides ``id`` and ``*_id``).
     """
 
     read_state: Callable[[Any], State | None]
     play: GroundedPlayer
     observation_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    places: Mapping[str, str] = field(default_factory=dict)
+    source_only_places: Mapping[str, str] = field(default_factory=dict)
+    id_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

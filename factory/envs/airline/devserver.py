@@ -25,7 +25,15 @@ from factory.envs.airline.lookups import FREE_BAGS, active_reservations, city, s
 from factory.envs.airline.scenarios import BOOKING_WINDOW
 from factory.errors import ConfigError
 
-__all__ = ["OBSERVATION_ENUMS", "PLOTS", "grounded_trajectory", "read_state"]
+__all__ = [
+    "ID_KEYS",
+    "OBSERVATION_ENUMS",
+    "PLACES",
+    "PLOTS",
+    "SOURCE_ONLY_PLACES",
+    "grounded_trajectory",
+    "read_state",
+]
 
 #: Episodes the devserver can play, and the reference tool that asks for each.
 PLOTS: dict[str, str | None] = {
@@ -45,6 +53,19 @@ OBSERVATION_ENUMS: dict[str, tuple[str, ...]] = {
     "flight_type": ("one_way", "round_trip"),
 }
 _GREETINGS = ("Hi!", "Hello.", "Hey there,", "Good afternoon.", "Hi,")
+
+#: Airport code -> city, the places a renamed reference flies between; one code per city
+#: so a city always renames with its code.
+PLACES: dict[str, str] = {
+    "ATL": "Atlanta", "BOS": "Boston", "CLT": "Charlotte", "DEN": "Denver", "DFW": "Dallas",
+    "DTW": "Detroit", "EWR": "Newark", "IAH": "Houston", "JFK": "New York", "LAS": "Las Vegas",
+    "LAX": "Los Angeles", "MCO": "Orlando", "MIA": "Miami", "MSP": "Minneapolis",
+    "ORD": "Chicago", "PHL": "Philadelphia", "PHX": "Phoenix", "SEA": "Seattle",
+    "SFO": "San Francisco",
+}  # fmt: skip
+SOURCE_ONLY_PLACES = {"LGA": "New York"}  # renamed when seen, never chosen as a target
+#: JSON keys whose values are ids (the devserver renames them, keeping their shape).
+ID_KEYS = frozenset({"reservations", "flight_number", "flight_numbers"})
 
 Message = dict[str, Any]
 State = dict[str, Any]

@@ -89,5 +89,8 @@ def plugin() -> DomainPlugin:
             read_state=devserver.read_state,
             play=_play,
             observation_enums=devserver.OBSERVATION_ENUMS,
+            places=devserver.PLACES,
+            source_only_places=devserver.SOURCE_ONLY_PLACES,
+            id_keys=devserver.ID_KEYS,
         ),
     )
