@@ -33,6 +33,7 @@ from factory.envs.base import Environment
 from factory.envs.registry import get_plugin
 from factory.errors import ConfigError, short
 from factory.labels import call_pairs
+from factory.sampler import world_env_id
 from factory.simulator import feedback_match
 from factory.trajectory import Trajectory, Turn
 
@@ -86,8 +87,6 @@ class GroundingWorld:
         db_dir: str | Path | None = None,
         validate_arguments: bool = True,
     ):
-        from factory.sampler import world_env_id
-
         plugin = get_plugin(domain, needs="grounding")
         build = get_plugin(domain, needs="environment").environment
         assert build is not None and plugin.grounding is not None

@@ -328,3 +328,13 @@ def test_a_data_only_domain_asking_for_grounding_names_the_domains_that_have_it(
     )
     with pytest.raises(ConfigError, match="unknown domain 'library'; known domains: airline"):
         preflight(cfg)  # what a real run checks before it starts Ray or calls a model
+
+
+def test_an_envsim_recipe_for_a_domain_without_a_sampler_fails_before_ray(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = str(ROOT / "pipelines" / "airline-envsim.yaml")
+    code = main([recipe, "-o", str(tmp_path / "out"), "--set", "domain.name=library"])
+    assert code == 2
+    assert "unknown domain 'library'; known domains: airline" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "candidates").exists()
