@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from factory.delta import changed_size
 from factory.envs.base import Environment
-from factory.envs.registry import get_plugin
+from factory.envs.registry import generate_environment, get_environment, get_plugin
 from factory.errors import ConfigError, short
 from factory.labels import call_pairs
 from factory.sampler import world_env_id
@@ -88,26 +88,17 @@ class GroundingWorld:
         validate_arguments: bool = True,
     ):
         plugin = get_plugin(domain, needs="grounding")
-        build = get_plugin(domain, needs="environment").environment
-        assert build is not None and plugin.grounding is not None
-        unknown = sorted(set(sizes or {}) - plugin.world_sizes)
-        if unknown:
-            known = ", ".join(sorted(plugin.world_sizes)) or "none"
-            raise ConfigError(
-                f"unknown world size(s) {', '.join(unknown)}; known: {known}",
-                key_path="world_sizes",
-            )
+        assert plugin.grounding is not None
         self.domain = domain
         if db_dir is not None:
-            self.env: Environment = build(db_dir=db_dir, validate_arguments=validate_arguments)
+            self.env: Environment = get_environment(
+                domain, db_dir=db_dir, validate_arguments=validate_arguments
+            )
             self.env_id = f"{domain}-db-{Path(db_dir).name}"
         else:
-            try:
-                self.env = build(
-                    seed=world_seed, validate_arguments=validate_arguments, **dict(sizes or {})
-                )
-            except ValueError as exc:  # the generator's size checks
-                raise ConfigError(str(exc), key_path="world_sizes") from exc
+            self.env = generate_environment(
+                domain, world_seed, sizes, validate_arguments=validate_arguments
+            )
             self.env_id = world_env_id(domain, world_seed, sizes)
         self._scenarios = plugin.grounding(self.env)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from factory.envs.base import Environment
 from factory.envs.plugin import EpisodeSampling
-from factory.envs.registry import get_plugin
+from factory.envs.registry import generate_environment, get_plugin
 from factory.errors import ConfigError
 from factory.steps import StepSample, decompose
 from factory.trajectory import Trajectory, canonical_json
@@ -158,23 +158,13 @@ class EpisodeSampler:
         system: str | None = None,
         scenarios: Mapping[str, float] | None = None,
     ):
-        plugin = get_plugin(domain, needs="sampler")
         sampling = _sampling(domain)
-        unknown = sorted(set(world_sizes or {}) - plugin.world_sizes)
-        if unknown:
-            known = ", ".join(sorted(plugin.world_sizes)) or "none"
-            raise ConfigError(
-                f"unknown world size(s) {', '.join(unknown)}; known: {known}",
-                key_path="world_sizes",
-            )
         check_share("invalid_share", invalid_share)
         check_share("violation_share", violation_share)
         self.domain = domain
         self._play = sampling.sample_episode
         self.scenarios = scenario_weights(scenarios, sampling.scenarios)
-        self.world = get_plugin(domain, needs="environment").environment(  # type: ignore[misc]
-            seed=world_seed, **dict(world_sizes or {})
-        )
+        self.world = generate_environment(domain, world_seed, world_sizes)
         self.env_id = world_env_id(domain, world_seed, world_sizes)
         self.invalid_share, self.violation_share = invalid_share, violation_share
         self.tools = tools if tools is not None else sampling.default_tools()

@@ -16,6 +16,7 @@ is asked for. :func:`register_domain` adds one by hand (programs, tests).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -26,6 +27,7 @@ from factory.errors import ConfigError
 __all__ = [
     "ENTRY_POINT_GROUP",
     "available_domains",
+    "generate_environment",
     "get_environment",
     "get_plugin",
     "register_domain",
@@ -157,6 +159,31 @@ def get_environment(domain: str, **kw: Any) -> Environment:
     plugin = get_plugin(domain, needs="environment")
     assert plugin.environment is not None
     return plugin.environment(**kw)
+
+
+def generate_environment(
+    domain: str, seed: int, sizes: Mapping[str, Any] | None = None, **kw: Any
+) -> Environment:
+    """A generated world of ``domain``: ``environment(seed=seed, **sizes, **kw)``.
+
+    Raises:
+        ConfigError: an unknown domain, one without a world, a size key the
+            plug-in does not declare, or a size its generator refuses (key path
+            ``world_sizes``).
+    """
+    plugin = get_plugin(domain, needs="environment")
+    assert plugin.environment is not None
+    unknown = sorted(set(sizes or {}) - plugin.world_sizes)
+    if unknown:
+        known = ", ".join(sorted(plugin.world_sizes)) or "none"
+        raise ConfigError(
+            f"unknown world size(s) {', '.join(unknown)}; known: {known}",
+            key_path="world_sizes",
+        )
+    try:
+        return plugin.environment(seed=seed, **dict(sizes or {}), **kw)
+    except ValueError as exc:  # the generator's size checks
+        raise ConfigError(str(exc), key_path="world_sizes") from exc
 
 
 def register_environment(domain: str, factory: Any, *, replace: bool = False) -> None:
