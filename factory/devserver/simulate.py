@@ -97,7 +97,7 @@ _NOT_RENAMED = frozenset(_MONTHS) | frozenset(calendar.day_name) | {
 _NAME_RE = re.compile(r"[A-Z][a-z]+")
 _USER_ID_RE = re.compile(r"([a-z]+)_([a-z]+)_(\d+)")
 _LITERAL_ID_RE = re.compile(r"[A-Za-z0-9_]{4,40}")
-_FLIGHT_RE = re.compile(r"([A-Z]{2,3})(\d{3,4})")
+_PREFIXED_ID_RE = re.compile(r"([A-Z]{2,3})(\d{3,4})")  # a code with a letter prefix (HAT123)
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _UPPER = _LOWER.upper()
 _DIGITS = "0123456789"
@@ -539,9 +539,9 @@ class _Renamer:
         if user and user[1] in self.lower and user[2] in self.lower:
             head = f"{self.lower[user[1]]}_{self.lower[user[2]]}_"
             return self._fresh(lambda: head + self._digits(user[3]))
-        flight = _FLIGHT_RE.fullmatch(value)
-        if flight:
-            return self._fresh(lambda: flight[1] + self._chars(flight[2]))
+        prefixed = _PREFIXED_ID_RE.fullmatch(value)
+        if prefixed:
+            return self._fresh(lambda: prefixed[1] + self._chars(prefixed[2]))
         head, sep, tail = value.rpartition("_")
         if sep and tail and head.replace("_", "").isalpha() and head.islower():
             new_tail = self._digits if tail.isdigit() else self._chars
