@@ -30,6 +30,10 @@ uses, so this is how a generated world yields single steps with |Δ| >= 7
 
 Determinism: an episode uses only the ``rng`` it is given; the driver
 (``factory.sampler.EpisodeSampler``) numbers episodes and forks the world.
+
+One module on purpose (about 870 lines): the ten scenarios, the episode under
+construction and the wrong-call variants share private helpers; split, each
+part would import the others' internals.
 """
 
 from __future__ import annotations
