@@ -162,7 +162,8 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
     if cfg.amplify.grounding is not None:
         from factory.stages.amplify import grounding_world
 
-        grounding_world(cfg.amplify.grounding)  # bad world sizes fail here, with their key
+        # bad world sizes (or a domain without grounding) fail here, with their key
+        grounding_world(cfg.amplify.grounding, cfg.domain.name)
     if cfg.mixture is not None:
         Mixture.load(cfg.resolve(cfg.mixture.path))
     models = {cfg.llm.model}

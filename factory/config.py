@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from factory.errors import ConfigError, short
 from factory.trajectory import canonical_json
+from factory.yamlfile import parse_yaml
 
 __all__ = [
     "SCHEMA_PATH",
@@ -62,7 +62,11 @@ class _Strict(BaseModel):
 
 class DomainConfig(_Strict):
     name: str = Field(description="Domain name, e.g. 'airline'.")
-    tools: str = Field(description="JSON file: list of OpenAI function specs with x-kind.")
+    tools: str | None = Field(
+        None,
+        description="JSON file: list of OpenAI function specs with x-kind; default: the pack "
+        "of the domain's plug-in (then policy and rules default to the pack's too).",
+    )
     policy: str | None = Field(None, description="Markdown policy shown to models and agents.")
     rules: str | None = Field(None, description="filters/<domain>.yaml with domain rules.")
 
@@ -501,23 +505,6 @@ def _unknown_key_first(
     return best
 
 
-def _load_yaml(text: str, what: str, *, key_path: str) -> Any:
-    """``yaml.safe_load`` with every way it fails on hostile text turned into a ConfigError.
-
-    PyYAML raises more than ``YAMLError``: ``ValueError`` for an impossible date
-    (``2024-13-45``) or an integer longer than Python converts, ``RecursionError``
-    for deep nesting; and a recursive alias (``&a [*a]``) loads as a cycle that no
-    later step (schema, hash, JSON) can walk.
-    """
-    try:
-        value = yaml.safe_load(text)
-        json.dumps(value, default=str, skipkeys=True)  # raises on a cycle
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        detail = short(" ".join(str(exc).split()), 200)
-        raise ConfigError(f"{what} is not valid YAML: {detail}", key_path=key_path) from exc
-    return value
-
-
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         message = f"--set expects key.path=value, got {short(item, 80)!r}"
@@ -526,7 +513,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set has an empty key in {short(item, 80)!r}", key_path="--set")
-    parsed = _load_yaml(value, "value", key_path=_key_path(parts)) if value.strip() else ""
+    parsed = parse_yaml(value, "value", key_path=_key_path(parts)) if value.strip() else ""
     return parts, parsed
 
 
@@ -630,7 +617,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeC
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror}", key_path="recipe") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"recipe {path} is not UTF-8 text: {exc}", key_path="recipe") from exc
-    raw = _load_yaml(text, f"recipe {path}", key_path="recipe")
+    raw = parse_yaml(text, f"recipe {path}", key_path="recipe")
     if raw is None:
         raw = {}
     if isinstance(raw, dict):

@@ -29,6 +29,7 @@ from factory.errors import FactoryError, short
 __all__ = [
     "DeltaError",
     "apply",
+    "changed_size",
     "diff",
     "escape",
     "invert",
@@ -255,3 +256,31 @@ def invert(ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         except KeyError as exc:
             raise DeltaError(f"{kind} {path} lacks {exc} and cannot be inverted") from None
     return undone
+
+
+def changed_size(before: Mapping[str, Any], after: Mapping[str, Any]) -> int:
+    """Exact |Δ| (``len(diff(before, after))``) between two forks of one world, cheaply.
+
+    Entries of the top-level tables that are the same object in both forks
+    cannot differ (a copy-on-write fork copies an object before writing
+    it), so only the entries that are not are diffed. The op
+    count equals that of diffing the whole states, since ``diff`` emits
+    nothing for identical subtrees; for environments that do not share
+    objects every entry is diffed, which is slower but still exact.
+    """
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    for key in [*before, *(k for k in after if k not in before)]:
+        a, b = before.get(key), after.get(key)
+        if key in before and key in after and a is b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys = [k for k in b if k not in a or a[k] is not b[k]] + [k for k in a if k not in b]
+            old[key] = {k: a[k] for k in keys if k in a}
+            new[key] = {k: b[k] for k in keys if k in b}
+            continue
+        if key in before:
+            old[key] = a
+        if key in after:
+            new[key] = b
+    return len(diff(old, new))

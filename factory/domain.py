@@ -1,8 +1,10 @@
 """A domain pack: the tools, the policy and the validation rules of one domain.
 
 Why a pack and not code: a new domain should need data files (a tool list, a
-policy, ``filters/<domain>.yaml``), not a Python module. The executable world
-of a domain (``factory.envs``) is optional and separate.
+policy, ``filters/<domain>.yaml``), not a Python module. A recipe names the
+files; a recipe that names none uses the pack its domain's plug-in ships
+(``factory.envs.plugin.DataPack``). The executable world of a domain is an
+optional part of the plug-in.
 """
 
 from __future__ import annotations
@@ -78,17 +80,16 @@ def load_domain(cfg: RecipeConfig) -> Domain:
     """
     from factory.rules import DomainRules  # local: rules imports jsonschema validators
 
-    d = cfg.domain
-    tools, kinds = _load_tools(cfg.resolve(d.tools), "domain.tools")
+    tools_path, policy_path, rules_path = _pack_paths(cfg)
+    tools, kinds = _load_tools(tools_path, "domain.tools")
     policy = ""
-    if d.policy:
+    if policy_path is not None:
         try:
-            policy = cfg.resolve(d.policy).read_text(encoding="utf-8")
+            policy = policy_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read policy: {exc}", key_path="domain.policy") from exc
     rules = None
-    if d.rules:
-        rules_path = cfg.resolve(d.rules)
+    if rules_path is not None:
         if not rules_path.is_file():
             raise ConfigError(f"rules file {rules_path} not found", key_path="domain.rules")
         try:
@@ -98,4 +99,30 @@ def load_domain(cfg: RecipeConfig) -> Domain:
             raise ConfigError(f"{rules_path}{where}: {exc}", key_path="domain.rules") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{rules_path} is not text: {exc}", key_path="domain.rules") from exc
-    return Domain(name=d.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+    return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+
+
+def _pack_paths(cfg: RecipeConfig) -> tuple[Path, Path | None, Path | None]:
+    """The recipe's files, or (when it names no tools) its domain plug-in's pack."""
+    d = cfg.domain
+    if d.tools is not None:
+        return (
+            cfg.resolve(d.tools),
+            cfg.resolve(d.policy) if d.policy else None,
+            cfg.resolve(d.rules) if d.rules else None,
+        )
+    from factory.envs.registry import get_plugin
+
+    try:
+        pack = get_plugin(d.name, needs="pack").pack
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; or name the domain's files (domain.tools, domain.policy, domain.rules)",
+            key_path="domain.tools",
+        ) from exc
+    assert pack is not None
+    return (
+        pack.tools,
+        cfg.resolve(d.policy) if d.policy else pack.policy,
+        cfg.resolve(d.rules) if d.rules else pack.rules,
+    )

@@ -60,7 +60,9 @@ class EpisodeStepsUDF:
         assert cfg.envsim is not None
         es = cfg.envsim
         self.seed, self.start = es.seed, start
+        self.domain = cfg.domain.name
         self.sampler = EpisodeSampler(
+            self.domain,
             es.world_seed,
             world_sizes=es.world_sizes,
             invalid_share=es.invalid_share,
@@ -85,7 +87,7 @@ class EpisodeStepsUDF:
                     "sample": None,
                 }
                 try:
-                    check_step(sample)
+                    check_step(sample, domain=self.domain)
                 except FactoryError as exc:
                     row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
                 row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
@@ -135,7 +137,7 @@ def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dic
                     picked.append((rank.pop(sid), json.loads(sample)))
     picked.sort(key=lambda p: p[0])
     for _, sample in picked:
-        code = tool_source("airline", sample["tool"]) if cfg.envsim.with_code else None
+        code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
         row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code)
         meta = {"labels": sample["labels"], "env_id": sample["env_id"], "step": sample["step"]}
         yield {**row, "id": sample["id"], "meta": json.dumps(meta)}
@@ -144,10 +146,13 @@ def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dic
 def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
     """Run an ``envsim`` recipe into ``out_dir``."""
     from factory.domain import load_domain
+    from factory.envs.registry import get_plugin
     from factory.pipeline import iter_rows
     from factory.raycompat import init_ray
 
     assert cfg.envsim is not None and cfg.mixture is not None
+    for part in ("environment", "sampler", "slicing"):  # fail here, not inside a Ray actor
+        get_plugin(cfg.domain.name, needs=part)
     es, mx = cfg.envsim, cfg.mixture
     mixture = Mixture.load(cfg.resolve(mx.path))
     tools = {t["name"]: t for t in load_domain(cfg).public_tools()}

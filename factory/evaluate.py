@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from factory.envs.registry import available_domains, get_plugin
 from factory.errors import EXIT_INPUT, ConfigError, FactoryError
 from factory.labels import GROUPS
 from factory.readers import RawRecord, iter_records
 from factory.simulator import (
-    TEMPLATE_PATH,
     SampleError,
     check_sample,
     config_match,
@@ -45,11 +45,11 @@ from factory.simulator import (
 )
 
 __all__ = [
-    "DEFAULT_TOOLS",
     "EvalReport",
     "Predictor",
     "SampleResult",
     "Tally",
+    "default_domain",
     "evaluate",
     "evaluate_async",
     "llm_predictor",
@@ -60,7 +60,6 @@ __all__ = [
 #: An async callable that answers one step sample with the model's raw completion text.
 Predictor = Callable[[dict[str, Any]], Awaitable[str]]
 
-DEFAULT_TOOLS = TEMPLATE_PATH.parent / "airline" / "tools.json"
 EVAL_SAMPLING: dict[str, Any] = {"temperature": 0.0}
 
 
@@ -304,17 +303,38 @@ def evaluate(samples: Iterable[Any], predict: Predictor, *, concurrency: int = 8
 # --- the LLM predictor -----------------------------------------------------------------------
 
 
-def tool_sources(domain: str = "airline") -> dict[str, str]:
+def tool_sources(domain: str) -> dict[str, str]:
     """Source code of each tool of an executable domain (for ``--with-code``).
 
     Raises:
-        ConfigError: the domain has no executable tools in the factory.
+        ConfigError: the domain is unknown or its plug-in has no tool functions.
     """
-    if domain != "airline":
-        raise ConfigError(f"no tool code for domain {domain!r}", key_path="--with-code")
-    from factory.envs.airline.tools import TOOLS
+    functions = get_plugin(domain, needs="tool_functions").tool_functions
+    assert functions is not None
+    return {name: inspect.getsource(fn) for name, fn in functions().items()}
 
-    return {name: inspect.getsource(fn) for name, fn in TOOLS.items()}
+
+def default_domain(name: str | None = None) -> str:
+    """``name``, else the only registered domain shipping a data pack.
+
+    Raises:
+        ConfigError: no name and not exactly one such domain (the message lists them).
+    """
+    if name:
+        return name
+    names = available_domains("pack")
+    if len(names) != 1:
+        raise ConfigError(
+            f"give --domain (or --recipe); domains with a data pack: {', '.join(names) or 'none'}",
+            key_path="--domain",
+        )
+    return names[0]
+
+
+def _pack_tools(domain: str) -> Path:
+    pack = get_plugin(domain, needs="pack").pack
+    assert pack is not None
+    return pack.tools
 
 
 def llm_predictor(
@@ -376,6 +396,7 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
             raise ConfigError("the recipe has no llm section", key_path="llm")
         model = args.model or cfg.llm.model
         tools = _load_tools(Path(args.tools)) if args.tools else load_domain(cfg).tools
+        args.domain = cfg.domain.name
         return build_client(cfg, model), tools
     if args.overrides:
         raise ConfigError("--set needs --recipe", key_path="--set")
@@ -391,7 +412,8 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
         retry=RetryPolicy(max_attempts=args.max_attempts),
         price=None,
     )
-    return client, _load_tools(Path(args.tools or DEFAULT_TOOLS))
+    args.domain = default_domain(args.domain)
+    return client, _load_tools(Path(args.tools) if args.tools else _pack_tools(args.domain))
 
 
 def _limited(items: Iterable[Any], limit: int | None) -> Iterator[Any]:
@@ -406,7 +428,7 @@ def _limited(items: Iterable[Any], limit: int | None) -> Iterator[Any]:
 
 async def _run(args: argparse.Namespace) -> tuple[EvalReport, str]:
     client, tools = _client_and_tools(args)
-    code = tool_sources() if args.with_code else None
+    code = tool_sources(args.domain) if args.with_code else None
     samples = _limited(iter_records(args.samples), args.limit)
     async with client:
         predict = llm_predictor(client, tools, code=code)
@@ -446,7 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", help="OpenAI-compatible URL ending in /v1 (instead of --recipe)")
     p.add_argument("--model", help="model id (default with --recipe: llm.model)")
     p.add_argument("--api-key-env", help="environment variable holding the key of --base-url")
-    p.add_argument("--tools", help=f"tool specs JSON (default: the recipe's, or {DEFAULT_TOOLS})")
+    p.add_argument(
+        "--domain", help="domain of the samples (default: the recipe's, or the only one)"
+    )
+    p.add_argument("--tools", help="tool specs JSON (default: the recipe's, or the domain's pack)")
     p.add_argument("--limit", type=int, help="use at most N records (unreadable lines aside)")
     p.add_argument("--concurrency", type=int, default=8, help="predictions in flight")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request attempt")

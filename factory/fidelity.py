@@ -5,8 +5,9 @@ world answers exactly as the one the seeds were recorded in. The replay
 starts every trajectory from a fresh copy of the database, executes each
 assistant tool call in order, and compares the produced observation with the
 recorded tool message: as parsed JSON (types included) when both sides parse,
-after renaming keys the database has renamed since recording (airline:
-``province`` -> ``state``), else as exact strings.
+after renaming keys the database has renamed since recording (the domain
+plug-in's ``fidelity_renames``, e.g. airline: ``province`` -> ``state``),
+else as exact strings.
 
     python -m factory.fidelity --domain airline --db DIR --trajectories FILE \\
         [--mismatches OUT.jsonl]
@@ -25,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from factory.delta import same_json
-from factory.envs.base import Environment, error_observation, get_environment
+from factory.envs.base import Environment, error_observation
+from factory.envs.registry import get_environment, get_plugin
 from factory.errors import ConfigError, FactoryError, SeedFormatError, short
 from factory.trajectory import Trajectory
 
 __all__ = [
-    "DEFAULT_RENAMES",
     "FidelityReport",
     "Mismatch",
     "load_trajectories",
@@ -38,9 +39,6 @@ __all__ = [
     "observations_match",
     "replay_fidelity",
 ]
-
-#: Keys renamed in a domain's database since its reference trajectories were recorded.
-DEFAULT_RENAMES: dict[str, dict[str, str]] = {"airline": {"province": "state"}}
 
 _NOT_JSON = object()
 
@@ -256,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m factory.fidelity",
         description="Replay recorded tool calls in an executable world and compare observations.",
     )
-    parser.add_argument("--domain", required=True, help="executable domain, e.g. airline")
+    parser.add_argument("--domain", required=True, help="executable domain (plug-in)")
     parser.add_argument("--db", required=True, help="folder with the domain's database files")
     parser.add_argument("--trajectories", required=True, help="JSON list or JSONL of records")
     parser.add_argument("--mismatches", help="write each mismatch as a JSON line here")
@@ -272,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         renames = (
             _parse_renames(args.rename)
             if args.rename is not None
-            else DEFAULT_RENAMES.get(args.domain, {})
+            else dict(get_plugin(args.domain).fidelity_renames)
         )
         base = get_environment(args.domain, db_dir=args.db)
         report = replay_fidelity(base.copy, load_trajectories(args.trajectories), renames=renames)

@@ -14,40 +14,38 @@ Observations are compared the way EnvSimBench's Feedback Match does it
 (:func:`factory.simulator.feedback_match`): as JSON values with their types
 (``1``, ``1.0`` and ``true`` differ) when both sides parse, else as stripped
 text. Calls are paired with the tool turns that answer them by the rule of
-:func:`factory.labels.call_observations` (ids when both carry one, else order).
+:func:`factory.labels.call_pairs` (ids when both carry one, else order).
 
 Everything here is pure (no Ray, no LLM); the stages call it per row.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import random
 from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from factory.delta import diff, same_json
+from factory.delta import changed_size
 from factory.envs.base import Environment
+from factory.envs.registry import generate_environment, get_environment, get_plugin
 from factory.errors import ConfigError, short
+from factory.labels import call_pairs
+from factory.sampler import world_env_id
 from factory.simulator import feedback_match
-from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.trajectory import Trajectory, Turn
 
 __all__ = [
-    "BOOKING_WINDOW",
     "ENV_STATE_MARKER",
     "MODES",
     "CallCheck",
     "GroundingResult",
     "GroundingWorld",
     "apply_mode",
-    "changed_size",
     "render_scenario",
     "replay",
-    "scenario_user_id",
 ]
 
 #: The heading of the scenario block in a grounded amplification prompt (the devserver reads it).
@@ -55,177 +53,62 @@ ENV_STATE_MARKER = "### Environment state"
 MODES: tuple[str, ...] = ("verify", "ground", "off")
 Mode = Literal["verify", "ground", "off"]
 
-#: Dates (inclusive, ISO) on which a scenario offers bookable flights: after the domain's
-#: "now" (2024-05-15) and inside the generated worlds' 30 days of May.
-BOOKING_WINDOW: tuple[str, str] = ("2024-05-16", "2024-05-30")
-MAX_RESERVATIONS = 2  # of the user's reservations shown: keeps a scenario to a few KB
-OFFERED_ROUTES = 2  # bookable direct routes shown, each on one date of BOOKING_WINDOW
 SHOWN_CHARS = 600  # observations kept in a CallCheck (the full texts stay in the result)
 
 
 # --- the world and its scenarios ------------------------------------------------------------
 
 
-def _trim_dates(flight: dict[str, Any], dates: set[str]) -> dict[str, Any]:
-    out = {k: deepcopy(v) for k, v in flight.items() if k != "dates"}
-    out["dates"] = {d: deepcopy(v) for d, v in flight.get("dates", {}).items() if d in dates}
-    return out
-
-
-def _bookable(on_date: Any) -> bool:
-    if not isinstance(on_date, dict) or on_date.get("status") != "available":
-        return False
-    seats = on_date.get("available_seats")
-    return isinstance(seats, dict) and any(isinstance(n, int) and n > 0 for n in seats.values())
-
-
 class GroundingWorld:
     """One executable world, built once per actor, that prompts are grounded in.
 
+    The domain's plug-in supplies the world (``environment``) and the slices the
+    prompts show (``grounding``); this class only builds them and checks that a
+    replay uses the world the prompts came from.
+
     Args:
-        domain: only ``airline`` has scenarios today.
-        world_seed: seed of ``generate_world`` (ignored with ``db_dir``).
-        sizes: ``generate_world`` sizes (``n_users``, ``n_flights``, ``n_reservations``,
-            ``first_date``, ``n_days``); ``None`` means tau-bench's sizes.
-        db_dir: a tau-bench database folder to use instead of a generated world.
+        domain: a registered domain with an ``environment`` and a ``grounding`` part.
+        world_seed: seed of the domain's world generator (ignored with ``db_dir``).
+        sizes: generator sizes (the plug-in's ``world_sizes``); ``None`` means its defaults.
+        db_dir: a database folder to use instead of a generated world.
         validate_arguments: passed to the environment (wrong-typed calls become errors).
 
     Raises:
-        ConfigError: an unknown domain, a bad or unknown size, an unreadable
-            ``db_dir``, or a world without users.
+        ConfigError: an unknown domain or one without grounding, a bad or unknown
+            size, an unreadable ``db_dir``, or a world the scenarios cannot use.
     """
 
     def __init__(
         self,
-        domain: str = "airline",
+        domain: str,
         world_seed: int = 0,
         sizes: Mapping[str, Any] | None = None,
         *,
         db_dir: str | Path | None = None,
         validate_arguments: bool = True,
     ):
-        if domain != "airline":
-            raise ConfigError(
-                f"no grounding scenarios for domain {domain!r}; available: airline",
-                key_path="domain",
-            )
-        from factory.envs.airline import AirlineEnv
-        from factory.envs.airline.world import generate_world
-        from factory.sampler import world_env_id
-
-        known = set(inspect.signature(generate_world).parameters) - {"seed"}
-        unknown = sorted(set(sizes or {}) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown world size(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                key_path="world_sizes",
-            )
+        plugin = get_plugin(domain, needs="grounding")
+        assert plugin.grounding is not None
         self.domain = domain
         if db_dir is not None:
-            self.env: Environment = AirlineEnv.from_dir(
-                db_dir, validate_arguments=validate_arguments
+            self.env: Environment = get_environment(
+                domain, db_dir=db_dir, validate_arguments=validate_arguments
             )
-            self.env_id = f"airline-db-{Path(db_dir).name}"
+            self.env_id = f"{domain}-db-{Path(db_dir).name}"
         else:
-            try:
-                self.env = AirlineEnv.create(
-                    seed=world_seed, validate_arguments=validate_arguments, **dict(sizes or {})
-                )
-            except ValueError as exc:  # generate_world's size checks
-                raise ConfigError(str(exc), key_path="world_sizes") from exc
-            self.env_id = world_env_id(world_seed, sizes)
-        state = self.env.state
-        if not state["users"]:
-            raise ConfigError("the grounding world has no users", key_path="world_sizes")
-        with_reservations = [
-            uid
-            for uid, user in state["users"].items()
-            if any(r in state["reservations"] for r in user.get("reservations", []))
-        ]
-        # Users with something to talk about first; a world without reservations still works.
-        self._users = sorted(with_reservations) or sorted(state["users"])
-        self._by_route: dict[tuple[str, str], list[str]] = {}
-        for number, flight in state["flights"].items():
-            self._by_route.setdefault((flight["origin"], flight["destination"]), []).append(number)
-        low, high = BOOKING_WINDOW
-        self._dates: dict[tuple[str, str], list[str]] = {}
-        for route, numbers in self._by_route.items():
-            dates = {
-                d
-                for n in numbers
-                for d, on_date in state["flights"][n].get("dates", {}).items()
-                if low <= d <= high and _bookable(on_date)
-            }
-            if dates:
-                self._dates[route] = sorted(dates)
-        self._routes = sorted(self._dates)
+            self.env = generate_environment(
+                domain, world_seed, sizes, validate_arguments=validate_arguments
+            )
+            self.env_id = world_env_id(domain, world_seed, sizes)
+        self._scenarios = plugin.grounding(self.env)
 
     def scenario(self, index: int, rng_seed: int) -> dict[str, Any]:
-        """The state slice shown in the prompt of call ``index`` (same arguments, same slice).
+        """The state slice shown in the prompt of call ``index`` (same arguments, same slice)."""
+        return self._scenarios.scenario(index, rng_seed)
 
-        One user, up to :data:`MAX_RESERVATIONS` of their reservations, the flights of
-        those reservations on their dates, and :data:`OFFERED_ROUTES` direct routes the
-        user could book (preferably from their reservations' origins), each on one date
-        of :data:`BOOKING_WINDOW` with free seats. For every (route, date) the slice
-        holds, it holds every flight of that route flying that date, so
-        ``search_direct_flight`` answers on the slice exactly as on the full world
-        for any route and date it lists.
-
-        Returns:
-            An airline state ``{"users", "flights", "reservations"}`` (deep copies,
-            flights in the world's order); an ``AirlineEnv`` can run on it.
-        """
-        state = self.env.state
-        rng = random.Random(f"grounding:{rng_seed}:{index}")
-        user_id = rng.choice(self._users)
-        user = state["users"][user_id]
-        rids = [r for r in user.get("reservations", []) if r in state["reservations"]]
-        if len(rids) > MAX_RESERVATIONS:
-            chosen = set(rng.sample(rids, MAX_RESERVATIONS))
-            rids = [r for r in rids if r in chosen]
-        reservations = {rid: state["reservations"][rid] for rid in rids}
-        wanted: dict[str, set[str]] = {}
-        for reservation in reservations.values():
-            for leg in reservation.get("flights", []):
-                if leg.get("flight_number") in state["flights"]:
-                    wanted.setdefault(leg["flight_number"], set()).add(leg.get("date"))
-        pairs = {
-            ((state["flights"][n]["origin"], state["flights"][n]["destination"]), d)
-            for n, dates in wanted.items()
-            for d in dates
-        }
-        for route in self._offered_routes(rng, {r.get("origin") for r in reservations.values()}):
-            pairs.add((route, rng.choice(self._dates[route])))
-        # Close over (route, date): every flight of a listed route on a listed date is in,
-        # so a direct search answers on the slice exactly as on the world. Where no flight
-        # of the route is available that day (past dates), a search finds nothing on
-        # either side, so those pairs need no closing.
-        for route, day in pairs:
-            numbers = self._by_route.get(route, [])
-            flights = [(n, state["flights"][n].get("dates", {})) for n in numbers]
-            if any(
-                day in dates and dates[day].get("status") == "available" for _, dates in flights
-            ):
-                for number, dates in flights:
-                    if day in dates:
-                        wanted.setdefault(number, set()).add(day)
-        return {
-            "users": {user_id: deepcopy(user)},
-            "flights": {
-                number: _trim_dates(flight, wanted[number])
-                for number, flight in state["flights"].items()
-                if number in wanted
-            },
-            "reservations": deepcopy(reservations),
-        }
-
-    def _offered_routes(self, rng: random.Random, origins: set[Any]) -> list[tuple[str, str]]:
-        near = [r for r in self._routes if r[0] in origins]
-        far = [r for r in self._routes if r[0] not in origins]
-        want = min(len(self._routes), OFFERED_ROUTES)
-        picked = rng.sample(near, min(len(near), want))
-        picked += rng.sample(far, want - len(picked))
-        return sorted(picked)
+    def subject(self, scenario: Mapping[str, Any]) -> str | None:
+        """Who the scenario is about (a user id), recorded in the row's grounding info."""
+        return self._scenarios.subject(scenario)
 
     def fresh_env(self, scenario: Mapping[str, Any] | None = None) -> Environment:
         """A fork of the whole world (not of the slice: a model may search other flights).
@@ -239,7 +122,7 @@ class GroundingWorld:
             ConfigError: ``scenario`` does not match this world.
         """
         if scenario is not None:
-            problem = self._mismatch(scenario)
+            problem = self._scenarios.mismatch(scenario)
             if problem:
                 raise ConfigError(
                     f"the scenario does not come from this world ({problem}); build the "
@@ -247,25 +130,6 @@ class GroundingWorld:
                     key_path="world_seed",
                 )
         return self.env.copy()
-
-    def _mismatch(self, scenario: Mapping[str, Any]) -> str | None:
-        state = self.env.state
-        for table in ("users", "reservations"):
-            for key, value in (scenario.get(table) or {}).items():
-                if not same_json(state[table].get(key), value):
-                    return f"{table[:-1]} {short(key, 40)} differs"
-        for number, flight in (scenario.get("flights") or {}).items():
-            full = state["flights"].get(number)
-            if full is None or not same_json(
-                _trim_dates(full, set(flight.get("dates", {}))), flight
-            ):
-                return f"flight {short(number, 40)} differs"
-        return None
-
-
-def scenario_user_id(scenario: Mapping[str, Any]) -> str | None:
-    """The user a scenario is about (``None`` for a scenario without users)."""
-    return next(iter(scenario.get("users") or {}), None)
 
 
 def render_scenario(scenario: Mapping[str, Any]) -> str:
@@ -318,7 +182,7 @@ class GroundingResult:
 
     ``observations`` are the executor's full texts, one per call, in call order;
     ``delta_size`` is the exact |Δ| of the whole trajectory on the executor
-    (see :func:`changed_size`).
+    (see :func:`factory.delta.changed_size`).
     """
 
     steps: tuple[CallCheck, ...]
@@ -356,62 +220,6 @@ class GroundingResult:
         }
 
 
-def _pairs(traj: Trajectory) -> list[tuple[int, ToolCall, int | None]]:
-    """(assistant turn, call, answering tool turn or None), by the rule of ``call_observations``."""
-    pairs: list[tuple[int, ToolCall, int | None]] = []
-    pending: list[int] = []
-    for i, turn in enumerate(traj.turns):
-        if turn.role == "assistant":
-            pending = []
-            for call in turn.tool_calls:
-                pending.append(len(pairs))
-                pairs.append((i, call, None))
-        elif turn.role == "tool":
-            if not pending:
-                continue
-            slot = next(
-                (
-                    k
-                    for k in pending
-                    if turn.tool_call_id is not None and pairs[k][1].id == turn.tool_call_id
-                ),
-                pending[0],
-            )
-            pending.remove(slot)
-            pairs[slot] = (pairs[slot][0], pairs[slot][1], i)
-        else:
-            pending = []
-    return pairs
-
-
-def changed_size(before: Mapping[str, Any], after: Mapping[str, Any]) -> int:
-    """Exact |Δ| (``len(diff(before, after))``) between two forks of one world, cheaply.
-
-    Entries of the top-level tables that are the same object in both forks
-    cannot differ (a fork copies an object before writing it; see
-    ``AirlineEnv``), so only the entries that are not are diffed. The op
-    count equals that of diffing the whole states, since ``diff`` emits
-    nothing for identical subtrees; for environments that do not share
-    objects every entry is diffed, which is slower but still exact.
-    """
-    old: dict[str, Any] = {}
-    new: dict[str, Any] = {}
-    for key in [*before, *(k for k in after if k not in before)]:
-        a, b = before.get(key), after.get(key)
-        if key in before and key in after and a is b:
-            continue
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            keys = [k for k in b if k not in a or a[k] is not b[k]] + [k for k in a if k not in b]
-            old[key] = {k: a[k] for k in keys if k in a}
-            new[key] = {k: b[k] for k in keys if k in b}
-            continue
-        if key in before:
-            old[key] = a
-        if key in after:
-            new[key] = b
-    return len(diff(old, new))
-
-
 def replay(traj: Trajectory, env: Environment) -> GroundingResult:
     """Execute every call of ``traj`` in order on ``env`` and compare the observations.
 
@@ -425,7 +233,7 @@ def replay(traj: Trajectory, env: Environment) -> GroundingResult:
         A call no tool turn answers is a mismatch.
     """
     start = env.copy()
-    pairs = _pairs(traj)
+    pairs = call_pairs(traj)
     steps: list[CallCheck] = []
     observations: list[str] = []
     for index, (turn, call, answer) in enumerate(pairs):
@@ -465,7 +273,7 @@ def _mismatch_message(result: GroundingResult) -> str:
 
 def _grounded(traj: Trajectory, result: GroundingResult) -> tuple[Trajectory, int, int]:
     """A copy of ``traj`` whose tool turns are the executor's; (copy, replaced, added)."""
-    pairs = _pairs(traj)
+    pairs = call_pairs(traj)
     if len(pairs) != len(result.observations):
         raise ValueError("the result does not come from replaying this trajectory")
     out = Trajectory.from_dict(deepcopy(traj.to_dict()))

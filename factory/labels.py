@@ -48,6 +48,7 @@ __all__ = [
     "TRAJECTORY_OUTCOMES",
     "arg_cardinality",
     "call_observations",
+    "call_pairs",
     "declines",
     "group_for",
     "is_error_observation",
@@ -152,36 +153,48 @@ def step_labels(
     }
 
 
-def call_observations(traj: Trajectory) -> list[tuple[ToolCall, str | None]]:
-    """Every call paired with the observation that answers it (``None`` if none does).
+def call_pairs(traj: Trajectory) -> list[tuple[int, ToolCall, int | None]]:
+    """Every call with its assistant turn and the tool turn answering it (``None`` if none does).
 
     Tool turns answer the calls of the assistant turn before them: by
     ``tool_call_id`` when both sides carry ids, else in call order.
+
+    Returns:
+        ``(assistant turn index, call, tool turn index or None)`` in call order.
     """
-    pairs: list[tuple[ToolCall, str | None]] = []
+    pairs: list[tuple[int, ToolCall, int | None]] = []
     pending: list[int] = []  # indexes into pairs, unanswered calls of the last assistant turn
-    for turn in traj.turns:
+    for i, turn in enumerate(traj.turns):
         if turn.role == "assistant":
             pending = []
             for call in turn.tool_calls:
                 pending.append(len(pairs))
-                pairs.append((call, None))
+                pairs.append((i, call, None))
         elif turn.role == "tool":
             if not pending:
                 continue
             slot = next(
                 (
-                    i
-                    for i in pending
-                    if turn.tool_call_id is not None and pairs[i][0].id == turn.tool_call_id
+                    k
+                    for k in pending
+                    if turn.tool_call_id is not None and pairs[k][1].id == turn.tool_call_id
                 ),
                 pending[0],
             )
             pending.remove(slot)
-            pairs[slot] = (pairs[slot][0], turn.content)
+            pairs[slot] = (pairs[slot][0], pairs[slot][1], i)
         else:
             pending = []
     return pairs
+
+
+def call_observations(traj: Trajectory) -> list[tuple[ToolCall, str | None]]:
+    """Every call paired with the observation that answers it (``None`` if none does),
+    by the rule of :func:`call_pairs`."""
+    return [
+        (call, None if answer is None else traj.turns[answer].content)
+        for _, call, answer in call_pairs(traj)
+    ]
 
 
 def declines(text: str) -> bool:

@@ -56,11 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import yaml
-
 from factory.errors import ConfigError, short
 from factory.labels import GROUPS, STEP_OUTCOMES, TRAJECTORY_OUTCOMES
 from factory.trajectory import canonical_json
+from factory.yamlfile import read_yaml
 
 __all__ = [
     "KEPT_LABELS",
@@ -226,22 +225,7 @@ class Mixture:
         Raises:
             ConfigError: unreadable file, bad YAML, or a malformed spec (with key path).
         """
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"cannot read mixture file {path}: {exc}", key_path="mixture"
-            ) from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(
-                f"mixture file {path} is not valid YAML{where}", key_path="mixture"
-            ) from exc
-        return cls.from_dict(data)
+        return cls.from_dict(read_yaml(path, "mixture file", key_path="mixture"))
 
     @classmethod
     def from_dict(cls, data: Any) -> Mixture:

@@ -46,7 +46,13 @@ import json_repair
 
 from factory.errors import RepairError, short
 
-__all__ = ["looks_like_json", "parse_arguments", "parse_json_value", "parse_observation"]
+__all__ = [
+    "looks_like_json",
+    "parse_arguments",
+    "parse_json_value",
+    "parse_observation",
+    "reject_constant",
+]
 
 NOTE_CODE_FENCE = "code_fence"
 NOTE_JSON_REPAIR = "json_repair"
@@ -87,7 +93,8 @@ _JSONISH = re.compile(
 )
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``json.loads(parse_constant=...)``: refuse ``NaN`` and ``Infinity``, which JSON lacks."""
     raise ValueError(f"{name} is not JSON")
 
 
@@ -99,7 +106,7 @@ def _finite_float(text: str) -> float:
 
 
 def _strict(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    return json.loads(text, parse_constant=reject_constant, parse_float=_finite_float)
 
 
 @dataclass

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonschema import SchemaError
 from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
@@ -29,6 +28,7 @@ from factory.errors import ConfigError, short
 from factory.reasons import Issue
 from factory.trajectory import Trajectory
 from factory.validate import compile_schema, format_path
+from factory.yamlfile import read_yaml
 
 __all__ = ["MAX_PARALLEL_CALLS", "DomainRules", "Rule", "parse_path"]
 
@@ -128,17 +128,7 @@ class DomainRules:
             ConfigError: unreadable file, bad YAML, or a malformed rules document
                 (``key_path`` names the offending key).
         """
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read rules file {path}: {exc}") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"rules file {path} is not valid YAML{where}") from exc
+        data = read_yaml(path, "rules file")
         return cls.from_dict(data, source=str(path))
 
     @classmethod

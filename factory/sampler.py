@@ -1,32 +1,15 @@
-"""A programmatic (LLM-free) trajectory sampler for the executable airline world.
+"""The programmatic (LLM-free) sampler driver: episodes on forks of a generated world.
 
-Why: a simulator (world model) must see every kind of transition - refusals,
-reads that change nothing, writes touching one to a dozen fields - in known
-proportions and with exact observations. LLM agents produce mostly easy reads
-and cannot be steered to the rare large writes. This sampler walks the world
-as an agent would (identify the user, read, search, confirm, write) with
-arguments drawn from the *current* state: real reservation and payment ids,
-flights bookable on the date with enough seats, totals that add up. Every call
-is executed, so each observation is the world's own answer.
+Why a driver apart from the scenarios: what an agent does in an episode is the
+domain's business (``factory/envs/<domain>/``, the plug-in's ``sampler`` part:
+its scenarios, their weights, its default tools); building the world once,
+forking it per episode, numbering episodes so any one can be rebuilt alone,
+and checking the knobs are the same for every domain.
 
-An episode plays a *scenario* (:data:`SCENARIOS`), sometimes followed by more
-requests of the same user. Two knobs add calls a careful agent would not make:
-
-* ``invalid_share``: the chance that a call is first made wrongly (unknown or
-  malformed ids, wrong types, a gift card or certificate asked for more than it
-  allows, a total that does not add up, a date the flight does not fly); the
-  world answers ``Error: ...`` and the agent retries correctly or gives up.
-  Listed in ``metadata["sampler"]["mistakes"]`` with their call index;
-* ``violation_share``: the chance that the agent breaks a policy rule the tools
-  do not enforce (cancelling a started or non-refundable trip, removing bags,
-  compensating an ineligible user). The world accepts these calls; they are
-  listed in ``metadata["sampler"]["violations"]``.
-
-The ``pileup`` scenario is off-policy on purpose: it issues goodwill
-certificates, then pays a booking with every certificate and gift card the
-user holds. A booking changes 2 fields plus one per stored-value method it
-uses, so this is how a generated world yields single steps with |Δ| >= 7
-(EnvSimBench's Difficult group); such episodes carry ``multiple_certificates``.
+Two knobs add calls a careful agent would not make (a domain's scenarios
+decide how): ``invalid_share``, the chance that a call is first made wrongly
+(the world answers ``Error: ...``), and ``violation_share``, the chance that
+the agent breaks a policy rule the tools do not enforce.
 
 Determinism: episode ``i`` of run ``seed`` uses ``random.Random(f"{seed}:{i}")``
 on a fresh copy-on-write fork of the world, so any episode can be rebuilt
@@ -36,829 +19,56 @@ alone, and shards of a run produced anywhere, with identical bytes.
 from __future__ import annotations
 
 import hashlib
-import inspect
-import json
 import random
-from collections.abc import Callable, Iterator, Mapping
-from datetime import date, timedelta
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from factory.delta import diff
-from factory.envs.airline import TABLES, AirlineEnv
-from factory.envs.airline.tools import (
-    AIRPORTS,
-    NEW_CERTIFICATE_IDS,
-    NOW,
-    PARAMETERS,
-    WRITE_TOOLS,
-    search_onestop_flight,
-)
-from factory.envs.airline.world import generate_world
+from factory.envs.base import Environment
+from factory.envs.plugin import EpisodeSampling
+from factory.envs.registry import generate_environment, get_plugin
 from factory.errors import ConfigError
-from factory.labels import is_error_observation, trajectory_labels
 from factory.steps import StepSample, decompose
-from factory.trajectory import ToolCall, Trajectory, Turn, canonical_json
+from factory.trajectory import Trajectory, canonical_json
 
 __all__ = [
-    "DEFAULT_SYSTEM",
-    "SCENARIOS",
     "EpisodeSampler",
-    "default_tools",
+    "check_share",
     "sample_episode",
     "sample_episodes",
+    "scenario_weights",
     "world_env_id",
 ]
 
-DEFAULT_SYSTEM = (
-    "You are an airline customer service agent. The current time is 2024-05-15 15:00:00 EST. "
-    "Use the tools to help the user and follow the airline policy."
-)
-TODAY = NOW[:10]
-CABINS = ("basic_economy", "economy", "business")
-#: Free checked bags per passenger by membership and cabin (the domain policy's table).
-FREE_BAGS = {
-    "regular": {"basic_economy": 0, "economy": 1, "business": 2},
-    "silver": {"basic_economy": 1, "economy": 2, "business": 3},
-    "gold": {"basic_economy": 2, "economy": 3, "business": 3},
-}
-#: Scenario -> weight; a scenario no user fits falls back to ``browse``.
-SCENARIOS: dict[str, float] = {
-    "browse": 0.13,
-    "book": 0.25,
-    "cancel": 0.12,
-    "change_flights": 0.09,
-    "change_cabin": 0.06,
-    "baggage": 0.1,
-    "passengers": 0.07,
-    "compensation": 0.06,
-    "pileup": 0.08,
-    "transfer": 0.04,
-}
-FOLLOWUPS = ("browse", "cancel", "change_flights", "change_cabin", "baggage", "passengers")
-FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
-RECOVER_SHARE = 0.75  # after a wrong call, the agent retries correctly; otherwise it gives up
-TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
-_NAMES = ("Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Grace", "Hugo", "Ines", "Jonas", "Kai")
-_SURNAMES = ("Adams", "Baker", "Costa", "Dubois", "Evans", "Fischer", "Horvat", "Ivanova", "Jones")
-_TOPICS = (
-    "a refund for a meal voucher",
-    "adding a sixth passenger to my booking",
-    "a lost bag from my last trip",
-    "changing the name on my account",
-)
 
-Args = dict[str, Any]
-State = dict[str, Any]
-
-
-def default_tools() -> list[dict[str, Any]]:
-    """Bare specs of the 14 airline tools, without descriptions, with ``x-kind``.
-
-    Pass the domain pack's specs (``Domain.tools``) instead when the episodes are
-    meant for agent training: those carry the descriptions a model needs.
-    """
-
-    def kind(name: str) -> str:
-        if name in WRITE_TOOLS:
-            return "write"
-        return "read" if name.startswith(("get_", "search_", "list_")) else "generic"
-
-    return [
-        {"name": n, "description": "", "parameters": p, "x-kind": kind(n)}
-        for n, p in sorted(PARAMETERS.items())
-    ]
-
-
-def world_env_id(world_seed: int, world_sizes: Mapping[str, Any] | None = None) -> str:
-    """``airline-gen-<seed>``, plus a hash of the sizes when they are not the defaults."""
-    base = f"airline-gen-{world_seed}"
+def world_env_id(domain: str, world_seed: int, world_sizes: Mapping[str, Any] | None = None) -> str:
+    """``<domain>-gen-<seed>``, plus a hash of the sizes when they are not the defaults."""
+    base = f"{domain}-gen-{world_seed}"
     if not world_sizes:
         return base
     sizes = canonical_json({k: str(v) for k, v in world_sizes.items()})
     return f"{base}-{hashlib.sha256(sizes.encode()).hexdigest()[:8]}"
 
 
-# --- reading the state ----------------------------------------------------------------------
-
-
-def _on_date(state: State, leg: Mapping[str, Any]) -> dict[str, Any]:
-    flight = state["flights"].get(leg["flight_number"], {})
-    found: dict[str, Any] = flight.get("dates", {}).get(leg["date"]) or {}
-    return found
-
-
-def _bookable(state: State, leg: Mapping[str, Any], cabin: str, seats: int) -> bool:
-    info = _on_date(state, leg)
-    return info.get("status") == "available" and info["available_seats"][cabin] >= seats
-
-
-def _price(state: State, leg: Mapping[str, Any], cabin: str) -> int:
-    price: int = _on_date(state, leg)["prices"][cabin]
-    return price
-
-
-def _started(state: State, reservation: dict[str, Any]) -> bool:
-    """Whether a segment has departed (an unknown status counts as departed)."""
-    return any(
-        leg["date"] < TODAY or _on_date(state, leg).get("status") in (None, "landed", "flying")
-        for leg in reservation["flights"]
-    )
-
-
-def _airline_cancelled(state: State, reservation: dict[str, Any]) -> bool:
-    return any(_on_date(state, leg).get("status") == "cancelled" for leg in reservation["flights"])
-
-
-def _active(state: State, user_id: str) -> list[dict[str, Any]]:
-    found = (state["reservations"].get(r) for r in state["users"][user_id]["reservations"])
-    return [r for r in found if r is not None and r.get("status") != "cancelled"]
-
-
-def _changeable(state: State, reservation: dict[str, Any], mode: str) -> bool:
-    if _started(state, reservation):
-        return False
-    if mode == "change_cabin":
-        return all(
-            _on_date(state, leg).get("status") == "available" for leg in reservation["flights"]
-        )
-    one_leg_each_way = len(reservation["flights"]) == (
-        2 if reservation["flight_type"] == "round_trip" else 1
-    )
-    return reservation["cabin"] != "basic_economy" and one_leg_each_way
-
-
-def _methods(profile: dict[str, Any], source: str) -> list[str]:
-    return [pid for pid, m in profile["payment_methods"].items() if m["source"] == source]
-
-
-def _shift(day: str, days: int) -> str:
-    return (date.fromisoformat(day) + timedelta(days=days)).isoformat()
-
-
-def _city(code: str) -> str:
-    return f"{AIRPORTS.get(code, code)} ({code})"
-
-
-# --- wrong calls --------------------------------------------------------------------------------
-
-
-def _wrong_calls(ep: _Episode, name: str, args: Args, cost: float) -> dict[str, Args]:
-    """Mistaken variants of a call, by kind; each one makes the world answer ``Error: ...``."""
-    state, rng = ep.state, ep.rng
-    out: dict[str, Args] = {}
-    if name == "list_all_airports":
-        out["unexpected_argument"] = {"city": "Boston"}
-    elif name == "transfer_to_human_agents":
-        out["missing_argument"] = {}
-    elif name == "calculate":
-        out["invalid_characters"] = {"expression": args["expression"] + " USD"}
-    elif name.startswith("search_"):
-        out["wrong_type"] = {**args, "date": int(args["date"].replace("-", ""))}
-        out["missing_argument"] = {k: v for k, v in args.items() if k != "date"}
-    elif name == "send_certificate":
-        out["wrong_type"] = {**args, "amount": str(args["amount"])}
-    elif name == "update_reservation_baggages":
-        out["wrong_type"] = {**args, "total_baggages": str(args["total_baggages"])}
-    elif name == "update_reservation_flights":
-        out["bad_enum"] = {**args, "cabin": "first"}
-        legs = args["flights"]
-        out["unknown_date"] = {**args, "flights": [{**legs[0], "date": "2024-06-31"}, *legs[1:]]}
-    elif name == "update_reservation_passengers":
-        people = args["passengers"]
-        out["passenger_count"] = {**args, "passengers": people[:-1] or people * 2}
-        out["wrong_type"] = {**args, "passengers": [{**p, "dob": 19900101} for p in people]}
-    elif name == "book_reservation":
-        out.update(_wrong_bookings(ep, args, int(cost)))
-    user_id = args.get("user_id")
-    if isinstance(user_id, str) and user_id + "0" not in state["users"]:
-        out["unknown_user"] = {**args, "user_id": user_id + "0"}
-        if name == "get_user_details":
-            out["wrong_type"] = {"user_id": [user_id]}
-    rid = args.get("reservation_id")
-    if isinstance(rid, str):
-        bogus = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789") for _ in range(6))
-        if bogus not in state["reservations"]:
-            out["unknown_reservation"] = {**args, "reservation_id": bogus}
-        if rid.lower() not in state["reservations"]:
-            out["lowercase_id"] = {**args, "reservation_id": rid.lower()}
-        if name == "cancel_reservation":
-            out["wrong_type"] = {"reservation_id": [rid]}
-    if "payment_id" in args and ep.profile is not None:
-        methods = ep.profile["payment_methods"]
-        out["unknown_payment"] = {**args, "payment_id": _unknown_payment(ep)}
-        certificates = _methods(ep.profile, "certificate")
-        poor = [p for p in _methods(ep.profile, "gift_card") if methods[p]["amount"] < cost]
-        if certificates:
-            out["certificate_payment"] = {**args, "payment_id": certificates[0]}
-        if poor:
-            out["insufficient_gift_card"] = {**args, "payment_id": poor[0]}
-    return out
-
-
-def _unknown_payment(ep: _Episode) -> str:
-    owned = ep.profile["payment_methods"] if ep.profile else {}
-    while True:
-        pid = f"credit_card_{ep.rng.randint(1_000_000, 9_999_999)}"
-        if pid not in owned:
-            return pid
-
-
-def _wrong_bookings(ep: _Episode, args: Args, total: int) -> dict[str, Args]:
-    state, rng, profile = ep.state, ep.rng, ep.profile or {"payment_methods": {}}
-    payments, legs, seats = args["payment_methods"], args["flights"], len(args["passengers"])
-    last = payments[-1]
-    out = {
-        "payment_mismatch": [
-            *payments[:-1],
-            {**last, "amount": last["amount"] + rng.choice((1, 30, 50))},
-        ],
-        "unknown_payment": [*payments[:-1], {**last, "payment_id": _unknown_payment(ep)}],
-    }
-    gifts, cards = _methods(profile, "gift_card"), _methods(profile, "credit_card")
-    if gifts and cards:
-        over = int(profile["payment_methods"][gifts[0]]["amount"]) + 25
-        if over < total:
-            out["insufficient_balance"] = [
-                {"payment_id": gifts[0], "amount": over},
-                {"payment_id": cards[0], "amount": total - over},
-            ]
-    wrong = {kind: {**args, "payment_methods": pay} for kind, pay in out.items()}
-    past = [
-        d
-        for d, i in state["flights"][legs[0]["flight_number"]]["dates"].items()
-        if i.get("status") != "available"
-    ]
-    if past:
-        wrong["unavailable_date"] = {
-            **args,
-            "flights": [{**legs[0], "date": rng.choice(past)}, *legs[1:]],
-        }
-    for cabin in CABINS:
-        if any(_on_date(state, leg)["available_seats"][cabin] < seats for leg in legs):
-            wrong["not_enough_seats"] = {**args, "cabin": cabin}
-            break
-    wrong["wrong_type"] = {**args, "total_baggages": str(args["total_baggages"])}
-    wrong["bad_enum"] = {**args, "flight_type": "roundtrip"}
-    return wrong
-
-
-# --- one episode under construction -------------------------------------------------------
-
-
-class _Abort(Exception):
-    """The agent gives up; the argument is its closing message."""
-
-
-class _Episode:
-    """Turns, executed calls and bookkeeping of one conversation."""
-
-    def __init__(
-        self, env: AirlineEnv, rng: random.Random, user_id: str, shares: tuple[float, float]
-    ):
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.invalid_share, self.violation_share = shares
-        self.profile: dict[str, Any] | None = None  # what get_user_details last returned
-        self.turns: list[Turn] = []
-        self.mistakes: list[dict[str, Any]] = []
-        self.violations: list[str] = []
-        self.calls = 0
-
-    @property
-    def state(self) -> State:
-        return self.env.state
-
-    def user(self, text: str) -> None:
-        self.turns.append(Turn("user", text))
-
-    def say(self, text: str) -> None:
-        self.turns.append(Turn("assistant", text))
-
-    def request(self, text: str) -> None:
-        """The user's request: the opening line, or a follow-up once the agent knows them."""
-        if self.profile is None:
-            self.user(f"Hi, my user id is {self.user_id}. {text}")
-        else:
-            self.user(f"One more thing. {text}")
-
-    def confirm(self, summary: str) -> None:
-        self.say(f"{summary} Shall I go ahead?")
-        self.user(self.rng.choice(("Yes, please.", "Yes, go ahead.", "Sounds good, do it.")))
-
-    def call(self, name: str, args: Args) -> str:
-        call_id = f"call_{self.calls}"
-        self.calls += 1
-        self.turns.append(Turn("assistant", tool_calls=[ToolCall(name, args, call_id)]))
-        observation = self.env.execute(name, args)
-        self.turns.append(Turn("tool", observation, name=name, tool_call_id=call_id))
-        return observation
-
-    def act(self, name: str, args: Args, *, cost: float = 0) -> str:
-        """The intended call, possibly after a wrong one (``cost``: what a payment must cover).
-
-        Raises:
-            _Abort: the wrong call failed and the agent gives up.
-        """
-        if self.rng.random() < self.invalid_share:
-            wrong = _wrong_calls(self, name, args, cost)
-            if wrong:
-                kind = self.rng.choice(sorted(wrong))
-                step = self.calls
-                observation = self.call(name, wrong[kind])
-                accepted = not is_error_observation(observation)
-                self.mistakes.append({"call": step, "kind": kind, "accepted": accepted})
-                if accepted:  # the world took it (arguments not validated): do not act twice
-                    return observation
-                if self.rng.random() >= RECOVER_SHARE:
-                    raise _Abort(f"I'm sorry, but I could not complete that: {observation[7:]}.")
-        return self.call(name, args)
-
-    def violate(self, kind: str) -> bool:
-        """Whether the agent breaks this policy rule now (recorded when it does)."""
-        if self.rng.random() < self.violation_share:
-            self.violations.append(kind)
-            return True
-        return False
-
-    def identify(self) -> dict[str, Any]:
-        profile: dict[str, Any] = json.loads(
-            self.act("get_user_details", {"user_id": self.user_id})
-        )
-        self.profile = profile
-        return profile
-
-    def known_profile(self) -> dict[str, Any]:
-        return self.profile if self.profile is not None else self.identify()
-
-    def lookup(self, rid: str) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(
-            self.act("get_reservation_details", {"reservation_id": rid})
-        )
-        return found
-
-    def pay_with(self, cost: float) -> str:
-        """A method the user picks for a change: a card, or a gift card that covers ``cost``."""
-        methods = self.known_profile()["payment_methods"]
-        return self.rng.choice(
-            [
-                pid
-                for pid, m in methods.items()
-                if m["source"] == "credit_card"
-                or (m["source"] == "gift_card" and m["amount"] >= cost)
-            ]
-        )
-
-
-# --- scenarios ------------------------------------------------------------------------------------
-
-
-def _browse(ep: _Episode) -> str:
-    state, rng = ep.state, ep.rng
-    rids = list(state["users"][ep.user_id]["reservations"])
-    picked = rng.sample(rids, min(len(rids), rng.randint(1, 3)))
-    ep.request("Can you tell me what is on my reservations?")
-    ep.known_profile()
-    lines = []
-    for rid in picked:
-        r = ep.lookup(rid)
-        lines.append(
-            f"{rid}: {r['origin']} to {r['destination']}, {len(r['passengers'])} passenger(s)"
-        )
-    if picked and rng.random() < 0.4:
-        leg = rng.choice(state["reservations"][picked[0]]["flights"])
-        ep.act("search_direct_flight", {k: leg[k] for k in ("origin", "destination", "date")})
-    if rng.random() < 0.2:
-        ep.act("list_all_airports", {})
-    if picked and rng.random() < 0.3:
-        paid = [
-            p["amount"] for rid in picked for p in state["reservations"][rid]["payment_history"]
-        ]
-        ep.act("calculate", {"expression": " + ".join(map(str, paid))})
-    return (
-        "Here is what I found: " + "; ".join(lines) + "." if lines else "You have no reservations."
-    )
-
-
-def _transfer(ep: _Episode) -> str:
-    topic = ep.rng.choice(_TOPICS)
-    ep.request(f"I need a human agent about {topic}.")
-    if ep.rng.random() < 0.5:
-        ep.identify()
-    ep.act("transfer_to_human_agents", {"summary": f"User {ep.user_id} asks about {topic}."})
-    return TRANSFERRED
-
-
-def _cancel(ep: _Episode) -> str:
-    state, rng = ep.state, ep.rng
-    reservation = rng.choice(_active(state, ep.user_id))
-    rid = reservation["reservation_id"]
-    reasons = ["change of plans", "health reasons", "bad weather"]
-    reasons += ["the airline cancelled my flight"] if _airline_cancelled(state, reservation) else []
-    reason = rng.choice(reasons)
-    ep.request(f"Please cancel reservation {rid}, {reason}.")
-    ep.known_profile()
-    reservation = ep.lookup(rid)
-    if _started(state, reservation) and not ep.violate("cancel_started_trip"):
-        if rng.random() < 0.6:
-            summary = f"User {ep.user_id} wants to cancel {rid}, which has already started."
-            ep.act("transfer_to_human_agents", {"summary": summary})
-            return TRANSFERRED
-        return f"Unfortunately, reservation {rid} has a flown segment, so I cannot cancel it."
-    eligible = (
-        reservation["created_at"] >= _shift(TODAY, -1) + NOW[10:]
-        or _airline_cancelled(state, reservation)
-        or reservation["cabin"] == "business"
-        or (reservation["insurance"] == "yes" and reason in ("health reasons", "bad weather"))
-    )
-    if not eligible and not ep.violate("cancel_not_eligible"):
-        return (
-            f"Unfortunately, reservation {rid} is not eligible for cancellation under the policy."
-        )
-    ep.confirm(f"I will cancel reservation {rid} and refund the original payment methods.")
-    ep.act("cancel_reservation", {"reservation_id": rid})
-    return f"Reservation {rid} is cancelled; refunds arrive in 5 to 7 business days."
-
-
-def _change(ep: _Episode, mode: str) -> str:
-    """A new date for one leg (``change_flights``) or a new cabin for all (``change_cabin``)."""
-    state, rng = ep.state, ep.rng
-    reservation = rng.choice([r for r in _active(state, ep.user_id) if _changeable(state, r, mode)])
-    rid, cabin, seats = (
-        reservation["reservation_id"],
-        reservation["cabin"],
-        len(reservation["passengers"]),
-    )
-    legs = [
-        {"flight_number": f["flight_number"], "date": f["date"]} for f in reservation["flights"]
-    ]
-    search: Args | None = None
-    if mode == "change_cabin":
-        cabins = [
-            c for c in CABINS if c != cabin and all(_bookable(state, g, c, seats) for g in legs)
-        ]
-        cabin = rng.choice(cabins or [c for c in CABINS if c != cabin])
-        ep.request(f"I'd like to move reservation {rid} to {cabin.replace('_', ' ')}.")
-        possible = bool(cabins)
-    else:
-        index = rng.randrange(len(legs))
-        old = reservation["flights"][index]
-        low = legs[0]["date"] if index == 1 else _shift(TODAY, 1)
-        high = legs[1]["date"] if index == 0 and len(legs) == 2 else _shift(old["date"], 7)
-        options = [
-            {"flight_number": f["flight_number"], "date": day}
-            for f in state["flights"].values()
-            if (f["origin"], f["destination"]) == (old["origin"], old["destination"])
-            for day in f["dates"]
-            if low <= day <= high and day != old["date"]
-        ]
-        options = [o for o in options if _bookable(state, o, cabin, seats)]
-        possible = bool(options)
-        legs[index] = rng.choice(options) if options else {**legs[index], "date": high[:10]}
-        search = {
-            "origin": old["origin"],
-            "destination": old["destination"],
-            "date": legs[index]["date"],
-        }
-        ep.request(f"Can I move my {_city(old['origin'])} flight on {rid} to {search['date']}?")
-    ep.known_profile()
-    reservation = ep.lookup(rid)
-    if search is not None:
-        ep.act("search_direct_flight", search)
-    if not possible:
-        return f"I'm afraid there is no option with {seats} free seat(s) for that change."
-    new_total = 0
-    for leg in legs:  # the tool's rule: a segment kept in the same cabin keeps its price
-        kept = [
-            f["price"]
-            for f in reservation["flights"]
-            if (f["flight_number"], f["date"], cabin)
-            == (leg["flight_number"], leg["date"], reservation["cabin"])
-        ]
-        new_total += (kept[0] if kept else _price(state, leg, cabin)) * seats
-    old_total = sum(f["price"] for f in reservation["flights"]) * seats
-    cost = new_total - old_total
-    if rng.random() < 0.4:
-        ep.act("calculate", {"expression": f"{new_total} - {old_total}"})
-    payment_id = ep.pay_with(cost)
-    ep.confirm(f"The change to {rid} costs {cost} dollars, settled with {payment_id}.")
-    args = {"reservation_id": rid, "cabin": cabin, "flights": legs, "payment_id": payment_id}
-    ep.act("update_reservation_flights", args, cost=cost)
-    return f"Reservation {rid} is updated; the difference of {cost} dollars went to {payment_id}."
-
-
-def _baggage(ep: _Episode) -> str:
-    state, rng = ep.state, ep.rng
-    reservation = rng.choice([r for r in _active(state, ep.user_id) if not _started(state, r)])
-    rid, total, nonfree = (
-        reservation[k] for k in ("reservation_id", "total_baggages", "nonfree_baggages")
-    )
-    added = rng.randint(1, 3)
-    ep.request(f"I want to add {added} checked bag(s) to reservation {rid}.")
-    profile = ep.known_profile()
-    ep.lookup(rid)
-    free = FREE_BAGS.get(profile["membership"], FREE_BAGS["regular"])[reservation["cabin"]]
-    new_total = max(0, total - added) if ep.violate("removed_bags") else total + added
-    new_nonfree = max(nonfree, new_total - free * len(reservation["passengers"]))
-    cost = 50 * (new_nonfree - nonfree)
-    payment_id = ep.pay_with(cost)
-    ep.confirm(
-        f"{rid} will have {new_total} bag(s), {new_nonfree} paid: {cost} dollars on {payment_id}."
-    )
-    args = {"reservation_id": rid, "total_baggages": new_total, "nonfree_baggages": new_nonfree}
-    ep.act("update_reservation_baggages", {**args, "payment_id": payment_id}, cost=cost)
-    return f"Done: reservation {rid} now has {new_total} checked bag(s)."
-
-
-def _passengers(ep: _Episode) -> str:
-    reservation = ep.rng.choice(_active(ep.state, ep.user_id))
-    rid, people = reservation["reservation_id"], [dict(p) for p in reservation["passengers"]]
-    index = ep.rng.randrange(len(people))
-    if ep.rng.random() < 0.5:
-        people[index]["dob"] = _person(ep.rng)["dob"]
-    else:
-        people[index]["first_name"] = ep.rng.choice(_NAMES)
-    who = people[index]
-    ep.request(
-        f"Passenger {index + 1} on {rid} is {who['first_name']} {who['last_name']} ({who['dob']})."
-    )
-    ep.known_profile()
-    ep.lookup(rid)
-    ep.confirm(f"I will update passenger {index + 1} of reservation {rid}.")
-    ep.act("update_reservation_passengers", {"reservation_id": rid, "passengers": people})
-    return f"Passenger {index + 1} of reservation {rid} is updated."
-
-
-def _compensation(ep: _Episode) -> str:
-    state = ep.state
-    reservation = ep.rng.choice(
-        [r for r in _active(state, ep.user_id) if _airline_cancelled(state, r)]
-    )
-    rid = reservation["reservation_id"]
-    ep.request(f"My flight on reservation {rid} was cancelled. I expect something for that.")
-    profile = ep.known_profile()
-    ep.lookup(rid)
-    eligible = (
-        profile["membership"] in ("silver", "gold")
-        or reservation["insurance"] == "yes"
-        or reservation["cabin"] == "business"
-    )
-    if not eligible and not ep.violate("compensation_not_eligible"):
-        return (
-            "Unfortunately, a regular member flying economy without insurance gets no compensation."
-        )
-    amount = 100 * len(reservation["passengers"])
-    ep.confirm(f"I can offer a travel certificate of {amount} dollars.")
-    ep.act("send_certificate", {"user_id": ep.user_id, "amount": amount})
-    return f"A certificate of {amount} dollars is now in your profile."
-
-
-# --- booking --------------------------------------------------------------------------------------
-
-
-def _person(rng: random.Random) -> dict[str, str]:
-    born = date(1950, 1, 1) + timedelta(days=rng.randint(0, 20000))
-    return {
-        "first_name": rng.choice(_NAMES),
-        "last_name": rng.choice(_SURNAMES),
-        "dob": born.isoformat(),
-    }
-
-
-def _plan_trip(ep: _Episode) -> tuple[str, str, str, bool]:
-    """Origin, destination, date and one-stop-ness of a trip that has bookable flights."""
-    state, rng = ep.state, ep.rng
-    flights = list(state["flights"].values())
-    for _ in range(50):
-        first = rng.choice(flights)
-        days = [d for d, info in first["dates"].items() if info.get("status") == "available"]
-        if not days:
-            continue
-        day = rng.choice(days)
-        if rng.random() < 0.35:
-            onward = sorted(
-                {g["destination"] for g in flights if g["origin"] == first["destination"]}
-                - {first["origin"]}
-            )
-            rng.shuffle(onward)
-            for destination in onward[:4]:
-                if json.loads(search_onestop_flight(state, first["origin"], destination, day)):
-                    return first["origin"], destination, day, True
-        return first["origin"], first["destination"], day, False
-    raise _Abort("I'm sorry, but there are no bookable flights at the moment.")
-
-
-def _search(
-    ep: _Episode, origin: str, destination: str, day: str, onestop: bool
-) -> list[list[Args]]:
-    """Search as the agent would; the options as lists of ``{flight_number, date}`` legs."""
-    args = {"origin": origin, "destination": destination, "date": day}
-    name = "search_onestop_flight" if onestop else "search_direct_flight"
-    try:
-        results = json.loads(ep.act(name, args))
-    except ValueError:
-        return []
-    if onestop:
-        return [
-            [{"flight_number": g["flight_number"], "date": g["date"]} for g in o] for o in results
-        ]
-    return [[{"flight_number": r["flight_number"], "date": day}] for r in results]
-
-
-def _travellers(rng: random.Random, profile: dict[str, Any], seats: int) -> list[dict[str, str]]:
-    known = [{**profile["name"], "dob": profile["dob"]}] if rng.random() < 0.8 else []
-    known += [dict(p) for p in profile.get("saved_passengers", [])]
-    known += [_person(rng) for _ in range(seats - len(known))]
-    return known[:seats]
-
-
-def _plan_payment(
-    rng: random.Random, profile: dict[str, Any], total: int, *, stacked: bool
-) -> list[Args] | None:
-    """Amounts per method adding up to ``total``; ``None`` when no card can pay the rest.
-
-    A compliant plan uses at most one certificate and three gift cards; a stacked
-    one drains every certificate and gift card before the card.
+def check_share(name: str, value: float) -> None:
+    """Raises ConfigError unless ``0 <= value <= 1`` (the key path is ``name``)."""
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be between 0 and 1, got {value!r}", key_path=name)
+
+
+def scenario_weights(
+    weights: Mapping[str, float] | None, defaults: Mapping[str, float]
+) -> dict[str, float]:
+    """The weights to draw scenarios with: ``defaults``, or ``weights`` over the same names.
+
+    Raises:
+        ConfigError: an unknown scenario name, a negative weight, or all weights 0.
     """
-    methods = profile["payment_methods"]
-    gifts = [pid for pid in _methods(profile, "gift_card") if methods[pid]["amount"] >= 1]
-    certificates = _methods(profile, "certificate")
-    stored: list[str] = certificates + gifts if stacked else []
-    style = "stacked" if stacked else rng.choice(("card", "certificate", "gift_card", "mixed"))
-    if style in ("certificate", "mixed") and certificates:
-        stored.append(rng.choice(certificates))
-    if style in ("gift_card", "mixed") and gifts:
-        stored += rng.sample(gifts, rng.randint(1, min(3, len(gifts))))
-    payments, remaining = [], total
-    for pid in stored:
-        amount = min(int(methods[pid]["amount"]), remaining)
-        if amount > 0:
-            payments.append({"payment_id": pid, "amount": amount})
-            remaining -= amount
-    cards = _methods(profile, "credit_card")
-    if remaining > 0:
-        if not cards:
-            return None
-        payments.append({"payment_id": rng.choice(cards), "amount": remaining})
-    return payments
-
-
-def _book(ep: _Episode, *, stacked: bool = False) -> str:
-    state, rng = ep.state, ep.rng
-    origin, destination, day, onestop = _plan_trip(ep)
-    back = _shift(day, rng.randint(1, 5)) if rng.random() < (0.7 if stacked else 0.4) else None
-    seats = rng.choice((3, 4, 5) if stacked else (1, 1, 1, 2, 2, 3, 4, 5))
-    cabin = "business" if stacked else rng.choice(CABINS)
-    ep.request(
-        f"I'd like to book a {'round' if back else 'one-way'} trip from {_city(origin)} to "
-        f"{_city(destination)} on {day}{f', back on {back}' if back else ''}, "
-        f"{cabin.replace('_', ' ')}, for {seats} passenger(s)."
-    )
-    profile = ep.identify() if stacked else ep.known_profile()  # stacked: see new certificates
-    if rng.random() < 0.15:
-        ep.act("list_all_airports", {})
-    found = _search(ep, origin, destination, day, onestop)
-    for option_cabin in (cabin, *(c for c in CABINS if c != cabin)):
-        options = [o for o in found if all(_bookable(state, g, option_cabin, seats) for g in o)]
-        if options:
-            cabin, legs = option_cabin, list(rng.choice(options))
-            break
-    else:
-        return f"I'm sorry, no flight {origin}-{destination} on {day} has {seats} free seat(s)."
-    if back:
-        found = _search(ep, destination, origin, back, onestop=False)
-        found = found or _search(ep, destination, origin, back, onestop=True)
-        returns = [o for o in found if all(_bookable(state, g, cabin, seats) for g in o)]
-        if returns:
-            legs += rng.choice(returns)
-        else:
-            ep.say(f"No return flight on {back} has {seats} seat(s) in {cabin}. Would one way do?")
-            ep.user("Fine, one way then.")
-            back = None
-    free = FREE_BAGS.get(profile["membership"], FREE_BAGS["regular"])[cabin] * seats
-    bags = rng.randint(0, 2 * seats)
-    nonfree, insurance = max(0, bags - free), rng.choice(("yes", "no"))
-    prices = [_price(state, leg, cabin) for leg in legs]
-    total = sum(prices) * seats + (30 * seats if insurance == "yes" else 0) + 50 * nonfree
-    if rng.random() < 0.5:
-        expression = f"({' + '.join(map(str, prices))}) * {seats}"
-        expression += (f" + 30 * {seats}" if insurance == "yes" else "") + (
-            f" + 50 * {nonfree}" if nonfree else ""
-        )
-        ep.act("calculate", {"expression": expression})
-    payments = _plan_payment(rng, profile, total, stacked=stacked)
-    if payments is None:
-        return "I'm sorry, but no payment method in your profile can cover this booking."
-    sources = [profile["payment_methods"][p["payment_id"]]["source"] for p in payments]
-    if sources.count("certificate") > 1:
-        ep.violations.append("multiple_certificates")
-    if sources.count("gift_card") > 3:
-        ep.violations.append("too_many_gift_cards")
-    if rng.random() < 0.2:
-        ep.act("think", {"thought": f"{seats} passenger(s), total {total}, paid by {payments}."})
-    paying = ", ".join(f"{p['amount']} on {p['payment_id']}" for p in payments)
-    ep.confirm(f"The total is {total} dollars ({paying}); {bags} bag(s); insurance: {insurance}.")
-    args = {
-        "user_id": ep.user_id,
-        "origin": origin,
-        "destination": destination,
-        "flight_type": "round_trip" if back else "one_way",
-        "cabin": cabin,
-        "flights": legs,
-        "passengers": _travellers(rng, profile, seats),
-        "payment_methods": payments,
-        "total_baggages": bags,
-        "nonfree_baggages": nonfree,
-        "insurance": insurance,
-    }
-    booked = json.loads(ep.act("book_reservation", args, cost=total))
-    return f"Your reservation {booked.get('reservation_id')} is booked for {total} dollars."
-
-
-def _pileup(ep: _Episode) -> str:
-    """Goodwill certificates for several trips, then a booking paid with every balance held."""
-    rids = ep.state["users"][ep.user_id]["reservations"]
-    ep.request("All my recent trips were disrupted and I want compensation for each of them.")
-    profile = ep.known_profile()
-    ep.violations.append("unverified_compensation")
-    for _ in [c for c in NEW_CERTIFICATE_IDS if c not in profile["payment_methods"]]:
-        rid = ep.rng.choice(rids)
-        amount = ep.rng.choice((50, 100)) * len(ep.lookup(rid)["passengers"])
-        ep.confirm(f"For reservation {rid} I can offer a certificate of {amount} dollars.")
-        ep.act("send_certificate", {"user_id": ep.user_id, "amount": amount})
-    ep.say("The certificates are in your profile now.")
-    return _book(ep, stacked=True)
-
-
-_RUN: dict[str, Callable[[_Episode], str]] = {
-    "browse": _browse,
-    "book": _book,
-    "cancel": _cancel,
-    "change_flights": lambda ep: _change(ep, "change_flights"),
-    "change_cabin": lambda ep: _change(ep, "change_cabin"),
-    "baggage": _baggage,
-    "passengers": _passengers,
-    "compensation": _compensation,
-    "pileup": _pileup,
-    "transfer": _transfer,
-}
-
-
-def _fits(state: State, scenario: str, user_id: str) -> bool:
-    """Whether the user has what the scenario's request is about."""
-    user = state["users"][user_id]
-    sources = [m["source"] for m in user["payment_methods"].values()]
-    card = "credit_card" in sources
-    if scenario in ("browse", "transfer"):
-        return True
-    if scenario == "book":
-        return card
-    if scenario == "pileup":
-        fresh = not set(NEW_CERTIFICATE_IDS) & set(user["payment_methods"])
-        return (
-            card
-            and fresh
-            and len(sources) - sources.count("credit_card") >= 2
-            and bool(user["reservations"])
-        )
-    active = _active(state, user_id)
-    if scenario in ("cancel", "passengers"):
-        return bool(active)
-    if scenario == "compensation":
-        return any(_airline_cancelled(state, r) for r in active)
-    if scenario == "baggage":
-        return card and any(not _started(state, r) for r in active)
-    return card and any(_changeable(state, r, scenario) for r in active)
-
-
-def _cast(state: State, rng: random.Random, scenario: str) -> tuple[str, str]:
-    """A user for the scenario: random draws, then a full scan, else ``browse``."""
-    users = list(state["users"])
-    for _ in range(60):
-        user_id = rng.choice(users)
-        if _fits(state, scenario, user_id):
-            return scenario, user_id
-    fitting = [u for u in users if _fits(state, scenario, u)]
-    return (scenario, rng.choice(fitting)) if fitting else ("browse", rng.choice(users))
-
-
-def _changed_size(before: State, after: State) -> int:
-    """|Δ| between two forks of one world, walking only the objects that differ."""
-    old: State = {}
-    new: State = {}
-    for table in TABLES:
-        a, b = before[table], after[table]
-        keys = [k for k in b if a.get(k) is not b[k]] + [k for k in a if k not in b]
-        old[table] = {k: a[k] for k in keys if k in a}
-        new[table] = {k: b[k] for k in keys if k in b}
-    return len(diff(old, new))
-
-
-def _scenario_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
     if weights is None:
-        return SCENARIOS
-    unknown = sorted(set(weights) - set(SCENARIOS))
+        return dict(defaults)
+    unknown = sorted(set(weights) - set(defaults))
     if unknown:
         raise ConfigError(
-            f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+            f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(defaults)}",
             key_path="scenarios",
         )
     if any(not w >= 0 for w in weights.values()) or not sum(weights.values()) > 0:
@@ -866,13 +76,14 @@ def _scenario_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
     return {k: float(w) for k, w in weights.items() if w > 0}
 
 
-def _check_share(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be between 0 and 1, got {value!r}", key_path=name)
+def _sampling(domain: str) -> EpisodeSampling:
+    sampling = get_plugin(domain, needs="sampler").sampler
+    assert sampling is not None
+    return sampling
 
 
 def sample_episode(
-    env: AirlineEnv,
+    env: Environment,
     *,
     rng: random.Random,
     env_id: str,
@@ -880,125 +91,92 @@ def sample_episode(
     violation_share: float = 0.05,
     task_id: str | None = None,
     tools: list[dict[str, Any]] | None = None,
-    system: str = DEFAULT_SYSTEM,
+    system: str | None = None,
     scenarios: Mapping[str, float] | None = None,
 ) -> Trajectory:
-    """Walk ``env`` through one episode and return it as a canonical trajectory.
+    """Walk ``env`` through one episode of its domain's scenarios.
 
     Args:
-        env: a fresh fork of an airline world; it is stepped. It must validate
-            arguments (the ``AirlineEnv`` default) for wrong types to be refused.
+        env: a fresh fork of a world; it is stepped. It must validate arguments
+            for wrong types to be refused.
         rng: the episode's only source of randomness.
         env_id: identity of the world (metadata and labels).
-        invalid_share: chance that a call is first made wrongly (see the module docstring).
+        invalid_share: chance that a call is first made wrongly.
         violation_share: chance that the agent breaks a policy rule the tools accept.
         task_id: provenance id of the episode.
-        tools: tool specs of the trajectory (default :func:`default_tools`).
-        system: the system prompt.
-        scenarios: scenario weights replacing :data:`SCENARIOS` (e.g. ``pileup: 0``
-            for policy-compliant episodes only).
+        tools: tool specs of the trajectory (default: the domain's bare specs).
+        system: the system prompt (default: the domain's).
+        scenarios: scenario weights replacing the domain's defaults.
 
     Returns:
-        The trajectory. Metadata: ``env_id``, ``task_id``, ``user_id``, ``labels``
-        (trajectory labels with the episode's exact |Δ|), ``sampler`` (scenarios
-        played, mistakes, violations), ``source``, ``format``, ``id``.
+        The trajectory; its metadata holds ``env_id``, ``task_id``, ``user_id``,
+        ``labels`` (with the episode's exact |Δ|), ``sampler``, ``source``, ``id``.
 
     Raises:
-        ConfigError: a share is outside [0, 1], or bad scenario weights.
+        ConfigError: the domain has no sampler, a share is outside [0, 1], or
+            bad scenario weights.
     """
-    _check_share("invalid_share", invalid_share)
-    _check_share("violation_share", violation_share)
-    weights = _scenario_weights(scenarios)
-    start = env.copy()
-    drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
-    scenario, user_id = _cast(env.state, rng, drawn)
-    ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
-    played = [scenario]
-    while True:
-        try:
-            closing = _RUN[scenario](ep)
-            ended = closing == TRANSFERRED
-        except _Abort as stop:
-            closing, ended = str(stop.args[0]), True
-        ep.say(closing)
-        options = [s for s in FOLLOWUPS if _fits(ep.state, s, user_id)]
-        if ended or ep.profile is None or len(played) == 3 or not options:
-            break
-        if rng.random() >= FOLLOWUP_SHARE:
-            break
-        scenario = rng.choice(options)
-        played.append(scenario)
-        ep.profile = json.loads(json.dumps(ep.state["users"][user_id]))  # the agent keeps up
-    traj = Trajectory(
-        system=system,
-        tools=tools if tools is not None else default_tools(),
-        turns=ep.turns,
-        metadata={
-            "source": f"sampler:{env_id}",
-            "format": "sampler",
-            "env_id": env_id,
-            "task_id": task_id,
-            "user_id": user_id,
-            "sampler": {"scenarios": played, "mistakes": ep.mistakes, "violations": ep.violations},
-        },
+    sampling = _sampling(env.domain)
+    check_share("invalid_share", invalid_share)
+    check_share("violation_share", violation_share)
+    return sampling.sample_episode(
+        env,
+        rng=rng,
+        env_id=env_id,
+        invalid_share=invalid_share,
+        violation_share=violation_share,
+        task_id=task_id,
+        tools=tools,
+        system=sampling.system if system is None else system,
+        scenarios=scenario_weights(scenarios, sampling.scenarios),
     )
-    size = _changed_size(start.state, env.state)
-    traj.metadata["labels"] = trajectory_labels(traj, write_tools=WRITE_TOOLS, delta_size=size)
-    traj.metadata["id"] = traj.content_id()
-    return traj
-
-
-_WORLD_KEYS = frozenset(inspect.signature(generate_world).parameters) - {"seed"}
 
 
 class EpisodeSampler:
-    """A generated world, built once, and episodes sampled on forks of it.
+    """A generated world of ``domain``, built once, and episodes sampled on forks of it.
 
-    Arguments are those of :func:`sample_episode`, plus the world's
-    ``generate_world`` seed and sizes.
+    Arguments are those of :func:`sample_episode`, plus the world's generator
+    seed and sizes (the size keys the domain's plug-in declares).
 
     Episode ``index`` of run ``seed`` depends on nothing else, so a run split
     into index ranges across workers gives the same episodes.
 
     Raises:
-        ConfigError: an unknown ``world_sizes`` key, a share outside [0, 1] or bad
-            scenario weights.
+        ConfigError: an unknown domain or one without a sampler, an unknown
+            ``world_sizes`` key, a share outside [0, 1] or bad scenario weights.
     """
 
     def __init__(
         self,
+        domain: str,
         world_seed: int = 0,
         *,
         world_sizes: Mapping[str, Any] | None = None,
         invalid_share: float = 0.2,
         violation_share: float = 0.05,
         tools: list[dict[str, Any]] | None = None,
-        system: str = DEFAULT_SYSTEM,
+        system: str | None = None,
         scenarios: Mapping[str, float] | None = None,
     ):
-        unknown = sorted(set(world_sizes or {}) - _WORLD_KEYS)
-        if unknown:
-            known = ", ".join(sorted(_WORLD_KEYS))
-            raise ConfigError(
-                f"unknown world size(s) {', '.join(unknown)}; known: {known}",
-                key_path="world_sizes",
-            )
-        _check_share("invalid_share", invalid_share)
-        _check_share("violation_share", violation_share)
-        self.scenarios = _scenario_weights(scenarios)
-        self.world = AirlineEnv.create(seed=world_seed, **dict(world_sizes or {}))
-        self.env_id = world_env_id(world_seed, world_sizes)
+        sampling = _sampling(domain)
+        check_share("invalid_share", invalid_share)
+        check_share("violation_share", violation_share)
+        self.domain = domain
+        self._play = sampling.sample_episode
+        self.scenarios = scenario_weights(scenarios, sampling.scenarios)
+        self.world = generate_environment(domain, world_seed, world_sizes)
+        self.env_id = world_env_id(domain, world_seed, world_sizes)
         self.invalid_share, self.violation_share = invalid_share, violation_share
-        self.tools = tools if tools is not None else default_tools()
-        self.system = system
+        self.tools = tools if tools is not None else sampling.default_tools()
+        self.system = sampling.system if system is None else system
 
-    def fresh_env(self) -> AirlineEnv:
-        """A fork of the pristine world (copy-on-write: the cost of three dict copies)."""
+    def fresh_env(self) -> Environment:
+        """A fork of the pristine world (copy-on-write where the domain supports it)."""
         return self.world.copy()
 
     def episode(self, index: int, *, seed: int) -> Trajectory:
         """Episode ``index`` of run ``seed``."""
-        return sample_episode(
+        return self._play(
             self.fresh_env(),
             rng=random.Random(f"{seed}:{index}"),
             env_id=self.env_id,
@@ -1024,6 +202,7 @@ class EpisodeSampler:
 
 
 def sample_episodes(
+    domain: str,
     world_seed: int,
     n: int,
     *,
@@ -1033,8 +212,9 @@ def sample_episodes(
     world_sizes: Mapping[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> Iterator[Trajectory]:
-    """``n`` episodes of run ``seed`` on forks of ``generate_world(world_seed, **world_sizes)``."""
+    """``n`` episodes of run ``seed`` on forks of the world ``(world_seed, world_sizes)``."""
     sampler = EpisodeSampler(
+        domain,
         world_seed,
         world_sizes=world_sizes,
         invalid_share=invalid_share,

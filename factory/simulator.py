@@ -44,7 +44,7 @@ from factory.delta import DeltaError, apply, same_json
 from factory.errors import FactoryError, RepairError, short
 from factory.export import THINK_CLOSE, THINK_OPEN
 from factory.labels import step_labels
-from factory.repair import parse_json_value
+from factory.repair import parse_json_value, reject_constant
 
 __all__ = [
     "SIM_MARKER",
@@ -291,13 +291,9 @@ def parse_prediction(text: str) -> dict[str, Any]:
 _NOT_JSON = object()
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _json_or_not(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         return _NOT_JSON
 

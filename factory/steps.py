@@ -27,14 +27,16 @@ import functools
 import hashlib
 import inspect
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from factory.delta import DeltaError, apply, diff, same_json
 from factory.envs.base import Environment
-from factory.errors import ConfigError, FactoryError, short
+from factory.envs.plugin import Slicing
+from factory.envs.registry import get_plugin
+from factory.errors import FactoryError, short
 from factory.labels import step_labels
 from factory.trajectory import Trajectory, canonical_json
 
@@ -58,40 +60,11 @@ class StepError(FactoryError):
 # --- per-domain slicing ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Slicing:
-    """How to cut a domain's state to one call and to run a call on such a cut."""
-
-    slice_for: Callable[[dict[str, Any], str, Any], dict[str, Any]]
-    project: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
-    world: Callable[[dict[str, Any], Environment | None], Environment]
-
-
-def _airline_slicing() -> _Slicing:
-    from factory.envs.airline import AirlineEnv
-    from factory.slices import project, slice_for
-
-    def world(state: dict[str, Any], like: Environment | None) -> Environment:
-        validate = getattr(like, "validate_arguments", True)
-        # copy(): the fork deep-copies what it writes, so ``state`` itself stays untouched.
-        return AirlineEnv(state, validate_arguments=validate).copy()
-
-    return _Slicing(slice_for=slice_for, project=lambda s, like: project(s, like=like), world=world)
-
-
-_SLICINGS: dict[str, Callable[[], _Slicing]] = {"airline": _airline_slicing}
-
-
-@functools.cache
-def _slicing(domain: str) -> _Slicing:
-    try:
-        return _SLICINGS[domain]()
-    except KeyError:
-        raise ConfigError(
-            f"no state slices for domain {domain!r}; step samples exist for: "
-            f"{', '.join(sorted(_SLICINGS))}",
-            key_path="domain",
-        ) from None
+def _slicing(domain: str) -> Slicing:
+    """The domain plug-in's slicing (ConfigError naming the domains that have one)."""
+    slicing = get_plugin(domain, needs="slicing").slicing
+    assert slicing is not None
+    return slicing
 
 
 # --- the sample -------------------------------------------------------------------------------
@@ -210,7 +183,7 @@ def decompose_calls(
 
 
 def _execute_step(
-    slicing: _Slicing,
+    slicing: Slicing,
     env: Environment,
     step: int,
     name: str,
@@ -252,10 +225,10 @@ def _execute_step(
     )
 
 
-def check_step(sample: StepSample, *, domain: str = "airline") -> None:
+def check_step(sample: StepSample, *, domain: str) -> None:
     """Check every guarantee of a sample (see the module docstring).
 
-    The call is re-run on a world that validates arguments (the ``AirlineEnv``
+    The call is re-run on a world that validates arguments (the environments'
     default); a sample recorded without validation may differ on malformed calls.
 
     Args:
@@ -302,12 +275,6 @@ def check_step(sample: StepSample, *, domain: str = "airline") -> None:
 # --- code(a): the tool's implementation ----------------------------------------------------------
 
 
-def _tool_modules() -> dict[str, dict[str, Callable[..., Any]]]:
-    from factory.envs.airline.tools import TOOLS
-
-    return {"airline": TOOLS}
-
-
 @functools.cache
 def _module_definitions(module_name: str) -> tuple[dict[str, ast.stmt], dict[str, str]]:
     """Top-level definitions of a module by name: their nodes and source text."""
@@ -338,9 +305,14 @@ def tool_source(domain: str, tool_name: str) -> str | None:
     call's observation and Δ without the rest of the module.
 
     Returns:
-        The source text, or ``None`` for an unknown domain or tool.
+        The source text, or ``None`` for a domain without tool functions or an unknown tool.
+
+    Raises:
+        ConfigError: ``domain`` is not registered.
     """
-    fn = _tool_modules().get(domain, {}).get(tool_name)
+    plugin = get_plugin(domain)
+    tools = plugin.tool_functions() if plugin.tool_functions is not None else {}
+    fn = tools.get(tool_name)
     if fn is None:
         return None
     nodes, texts = _module_definitions(fn.__module__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,15 @@ def taubench_dir() -> Path:
     if not TAUBENCH.is_dir():
         pytest.skip(f"reference data not found at {TAUBENCH} (../shared is absent)")
     return TAUBENCH
+
+
+@pytest.fixture(scope="session")
+def airline_world() -> dict[str, Any]:
+    """One generated airline world for the session (seed 3: 40 users, 60 flights, 120
+    reservations). Read-only: run calls on forks, ``AirlineEnv(airline_world).copy()``."""
+    from factory.envs.airline.world import generate_world
+
+    return generate_world(3, n_users=40, n_flights=60, n_reservations=120)
 
 
 @pytest.fixture(scope="session")

@@ -62,3 +62,58 @@ def assert_rows_valid(cfg: RecipeConfig, rows: list[dict[str, Any]]) -> None:
         traj = parse_record(record, source="output")
         issues = validate(traj, rules=domain.rules)
         assert not issues, (row["id"], issues)
+
+
+def booking_args(
+    state: dict[str, Any],
+    *,
+    user_id: str | None = None,
+    flight_number: str | None = None,
+    date: str | None = None,
+    cabin: str = "economy",
+    passengers: list[dict[str, Any]] | None = None,
+    payments: list[dict[str, Any]] | None = None,
+    **over: Any,
+) -> dict[str, Any]:
+    """Arguments of a valid one-way airline booking in ``state``.
+
+    The user (default: the first with a credit card) books the first flight with
+    enough free seats in ``cabin`` (``flight_number`` and ``date`` if given) for ``passengers``
+    (default: one), paid in full by their first credit card unless ``payments``
+    is given; ``over`` replaces any argument.
+    """
+    people = passengers or [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}]
+    if user_id is None:
+        user_id = next(
+            u
+            for u, user in state["users"].items()
+            if any(m["source"] == "credit_card" for m in user["payment_methods"].values())
+        )
+    methods = state["users"][user_id]["payment_methods"]
+    card = next((p for p, m in methods.items() if m["source"] == "credit_card"), None)
+    number, day, price = next(
+        (n, d, on["prices"][cabin])
+        for n, flight in state["flights"].items()
+        for d, on in flight["dates"].items()
+        if flight_number in (None, n)
+        and date in (None, d)
+        and on.get("status") == "available"
+        and on["available_seats"][cabin] >= len(people)
+    )
+    flight = state["flights"][number]
+    args = {
+        "user_id": user_id,
+        "origin": flight["origin"],
+        "destination": flight["destination"],
+        "flight_type": "one_way",
+        "cabin": cabin,
+        "flights": [{"flight_number": number, "date": day}],
+        "passengers": people,
+        "payment_methods": payments
+        if payments is not None
+        else [{"payment_id": card, "amount": price * len(people)}],
+        "total_baggages": 0,
+        "nonfree_baggages": 0,
+        "insurance": "no",
+    }
+    return {**args, **over}

@@ -14,6 +14,8 @@ from factory.envs.airline import AirlineEnv
 from factory.envs.airline.tools import PARAMETERS, TOOLS, WRITE_TOOLS
 from factory.errors import ConfigError
 
+from .helpers import booking_args
+
 # --- a small hand-made world ----------------------------------------------------------------
 
 
@@ -153,21 +155,12 @@ def env() -> AirlineEnv:
     return AirlineEnv(make_state())
 
 
+ADA = [{"first_name": "Ada", "last_name": "Lee", "dob": "1990-01-01"}]
+
+
 def booking(**over: Any) -> dict[str, Any]:
-    args = {
-        "user_id": "ada_lee_1",
-        "origin": "JFK",
-        "destination": "SEA",
-        "flight_type": "one_way",
-        "cabin": "economy",
-        "flights": [{"flight_number": "HAT001", "date": "2024-05-20"}],
-        "passengers": [{"first_name": "Ada", "last_name": "Lee", "dob": "1990-01-01"}],
-        "payment_methods": [{"payment_id": "credit_card_1", "amount": 100}],
-        "total_baggages": 0,
-        "nonfree_baggages": 0,
-        "insurance": "no",
-    }
-    return {**args, **over}
+    """Ada's booking of HAT001 on 2024-05-20 in economy, 100 on credit_card_1."""
+    return {**booking_args(make_state(), passengers=ADA), **over}
 
 
 # --- reads -----------------------------------------------------------------------------------
@@ -609,7 +602,7 @@ def test_registry_builds_airline_worlds(tmp_path: Path) -> None:
     assert env.tool_names == tuple(TOOLS) and len(env.tool_names) == 14
     assert set(WRITE_TOOLS) < set(env.tool_names)
     assert get_environment("airline", state=make_state()).state == make_state()
-    with pytest.raises(ConfigError, match="no executable environment"):
+    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
         get_environment("retail")
     with pytest.raises(ConfigError, match="already registered"):
         register_environment("airline", AirlineEnv.create)

@@ -29,6 +29,7 @@ from factory.devserver.simulate import (
     reference_from_block,
     vary_opening,
 )
+from factory.envs.airline.devserver import PLACES
 from factory.trajectory import Turn
 
 PROFILE = {
@@ -260,7 +261,7 @@ def test_amplify_renames_consistently_and_keeps_structure(seed: int) -> None:
     assert re.fullmatch(r"HAT\d{3}", flight["flight_number"])
     origin, dest = flight["origin"], flight["destination"]
     assert out[5]["tool_calls"][0]["arguments"]["origin"] == origin
-    city_from, city_to = simulate.AIRPORTS[origin], simulate.AIRPORTS[dest]
+    city_from, city_to = PLACES[origin], PLACES[dest]
     assert f"from {city_from} to {city_to} on May " in out[0]["content"]
     day = int(flight["date"][-2:])
     assert flight["date"][:8] == "2024-05-"
@@ -450,8 +451,8 @@ def test_answer_other_is_short_plain_text() -> None:
 def _world_call(tool: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(slice before, observation, full state after) of one call on a small generated world."""
     from factory.envs.airline import AirlineEnv
+    from factory.envs.airline.slices import slice_for
     from factory.envs.airline.world import generate_world
-    from factory.slices import slice_for
 
     env = AirlineEnv(generate_world(5, n_users=6, n_flights=12, n_reservations=8))
     before = slice_for(env.state, tool, arguments)
@@ -481,7 +482,7 @@ def test_simulate_prompts_are_recognised() -> None:
 @pytest.mark.parametrize("code", [None, "def cancel_reservation(data, reservation_id):\n    ..."])
 def test_simulate_call_executes_on_the_slice_like_the_full_world(code: str | None) -> None:
     from factory.delta import apply
-    from factory.slices import project
+    from factory.envs.airline.slices import project
 
     args = {"reservation_id": _first_reservation()}
     before, observation, full_after = _world_call("cancel_reservation", args)

@@ -16,10 +16,11 @@ import pytest
 from factory.delta import apply, diff, same_json
 from factory.devserver import DevServer
 from factory.envs.airline import AirlineEnv
+from factory.envs.airline.slices import slice_for
 from factory.envs.airline.world import generate_world
+from factory.envs.registry import get_plugin
 from factory.errors import LLMServerError, RepairError
 from factory.evaluate import (
-    DEFAULT_TOOLS,
     EvalReport,
     evaluate,
     evaluate_async,
@@ -30,9 +31,9 @@ from factory.evaluate import (
 from factory.labels import step_labels
 from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
 from factory.simulator import render_prediction
-from factory.slices import slice_for
 
 from .conftest import ROOT
+from .helpers import booking_args
 
 ENV_ID = "airline-gen-3"
 
@@ -72,18 +73,9 @@ def _calls(state: dict[str, Any]) -> list[tuple[str, Any]]:
     rid = user["reservations"][0]
     res = state["reservations"][rid]
     gift_part = min(user["payment_methods"][gift]["amount"], price)
-    booking = {
-        "user_id": payer,
-        "origin": flight["origin"],
-        "destination": flight["destination"],
-        "flight_type": "one_way",
-        "cabin": "economy",
-        "flights": [{"flight_number": number, "date": day}],
-        "passengers": [{**user["name"], "dob": user["dob"]}],
-        "total_baggages": 0,
-        "nonfree_baggages": 0,
-        "insurance": "no",
-    }
+    me = [{**user["name"], "dob": user["dob"]}]
+    booking = booking_args(state, user_id=payer, flight_number=number, date=day, passengers=me)
+    del booking["payment_methods"]  # each call below pays its own way
     by_gift = [{"payment_id": gift, "amount": gift_part}]
     if price > gift_part:
         by_gift.append({"payment_id": card, "amount": price - gift_part})
@@ -326,7 +318,9 @@ def _client(url: str, attempts: int = 3) -> LLMClient:
 
 
 def _tools() -> list[dict[str, Any]]:
-    tools: list[dict[str, Any]] = json.loads(DEFAULT_TOOLS.read_text(encoding="utf-8"))
+    tools: list[dict[str, Any]] = json.loads(
+        get_plugin("airline").pack.tools.read_text(encoding="utf-8")
+    )  # type: ignore[union-attr]
     return tools
 
 
@@ -335,7 +329,9 @@ def _against(
 ) -> EvalReport:
     async def run() -> EvalReport:
         async with _client(server.url, attempts) as client:
-            predict = llm_predictor(client, _tools(), code=tool_sources() if code else None)
+            predict = llm_predictor(
+                client, _tools(), code=tool_sources("airline") if code else None
+            )
             return await evaluate_async(samples, predict, concurrency=6)
 
     return asyncio.run(run())

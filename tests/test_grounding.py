@@ -18,28 +18,28 @@ import openai
 import pytest
 
 from factory.config import load_recipe
-from factory.delta import diff
+from factory.delta import changed_size, diff
 from factory.devserver import DevServer, DevServerConfig
 from factory.devserver.simulate import AMPLIFY_MARKER, extract_block
 from factory.domain import Domain, load_domain
 from factory.envs.airline import AirlineEnv
+from factory.envs.airline.scenarios import BOOKING_WINDOW
 from factory.errors import ConfigError
 from factory.formats.completion import parse_output, render_output
 from factory.grounding import (
-    BOOKING_WINDOW,
     ENV_STATE_MARKER,
     GroundingWorld,
     apply_mode,
-    changed_size,
     render_scenario,
     replay,
-    scenario_user_id,
 )
 from factory.labels import call_observations
 from factory.prompts import DIRECTIONS, PromptTemplate
 from factory.sampler import EpisodeSampler
 from factory.trajectory import ToolCall, Trajectory, Turn
 from factory.validate import validate
+
+from .helpers import booking_args
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"n_users": 40, "n_flights": 60, "n_reservations": 120}
@@ -53,7 +53,7 @@ def world() -> GroundingWorld:
 
 @pytest.fixture(scope="module")
 def episodes() -> list[Trajectory]:
-    sampler = EpisodeSampler(WORLD_SEED, world_sizes=SIZES)
+    sampler = EpisodeSampler("airline", WORLD_SEED, world_sizes=SIZES)
     return list(sampler.episodes(40, seed=11))
 
 
@@ -75,7 +75,7 @@ def test_scenario_is_deterministic_and_varies(world: GroundingWorld) -> None:
     assert world.scenario(5, 1) == world.scenario(5, 1)
     again = GroundingWorld("airline", WORLD_SEED, SIZES)
     assert again.scenario(5, 1) == world.scenario(5, 1)
-    users = {scenario_user_id(world.scenario(i, 1)) for i in range(30)}
+    users = {world.subject(world.scenario(i, 1)) for i in range(30)}
     assert len(users) > 10
     assert world.scenario(5, 1) != world.scenario(5, 2)
 
@@ -107,7 +107,7 @@ def test_scenario_is_a_small_consistent_slice(world: GroundingWorld) -> None:
         AirlineEnv(copy.deepcopy(scenario))  # a state the executor runs on
         (user_id, user), *others = scenario["users"].items()
         assert not others and user == full["users"][user_id]
-        assert scenario_user_id(scenario) == user_id
+        assert world.subject(scenario) == user_id
         assert 1 <= len(scenario["reservations"]) <= 2
         for rid, reservation in scenario["reservations"].items():
             assert rid in user["reservations"] and reservation["user_id"] == user_id
@@ -176,13 +176,13 @@ def test_fresh_env_refuses_a_scenario_of_another_world(world: GroundingWorld) ->
 )
 def test_bad_worlds_are_config_errors(args: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        GroundingWorld(**args)
+        GroundingWorld(**{"domain": "airline", **args})
     assert info.value.key_path == key
 
 
 @pytest.mark.shared
 def test_a_taubench_database_grounds_too(taubench_dir: Path) -> None:
-    world = GroundingWorld(db_dir=taubench_dir)
+    world = GroundingWorld("airline", db_dir=taubench_dir)
     scenario = world.scenario(3, 0)
     world.fresh_env(scenario)
     assert world.env_id == "airline-db-taubench-airline"
@@ -219,28 +219,11 @@ def test_delta_size_of_a_booking_is_exact(world: GroundingWorld) -> None:
     )
     card = next(p for p, m in user["payment_methods"].items() if m["source"] == "credit_card")
     gift = next(p for p, m in user["payment_methods"].items() if m["source"] == "gift_card")
-    number, day, price = next(
-        (n, d, on["prices"]["economy"])
-        for n, f in state["flights"].items()
-        for d, on in f["dates"].items()
-        if on["status"] == "available" and on["available_seats"]["economy"] > 0
-    )
-    flight = state["flights"][number]
+    (paid,) = booking_args(state, user_id=uid)["payment_methods"]
+    price = paid["amount"]
 
     def booking(payments: list[dict[str, Any]]) -> Trajectory:
-        args = {
-            "user_id": uid,
-            "origin": flight["origin"],
-            "destination": flight["destination"],
-            "flight_type": "one_way",
-            "cabin": "economy",
-            "flights": [{"flight_number": number, "date": day}],
-            "passengers": [{"first_name": "Ana", "last_name": "Costa", "dob": "1990-01-01"}],
-            "payment_methods": payments,
-            "total_baggages": 0,
-            "nonfree_baggages": 0,
-            "insurance": "no",
-        }
+        args = booking_args(state, user_id=uid, payments=payments)
         turns = [
             Turn("user", "Book it."),
             Turn("assistant", tool_calls=[ToolCall("book_reservation", args)]),
@@ -519,7 +502,7 @@ def test_devserver_answers_are_faithful_to_the_world(
         scenario = world.scenario(i, 5)
         traj = _answer(clean, _render(episodes[i], scenario, variation=i))
         calls = traj.calls()
-        assert calls[0][1].arguments == {"user_id": scenario_user_id(scenario)}
+        assert calls[0][1].arguments == {"user_id": world.subject(scenario)}
         plots.add(calls[-1][1].name)
         result = replay(traj, world.fresh_env(scenario))
         assert result.fidelity == 1.0, result.first_mismatch

@@ -9,18 +9,12 @@ import pytest
 
 from factory.delta import apply, diff, same_json
 from factory.domain import Domain
+from factory.envs.airline.sampler import SCENARIOS, default_tools
 from factory.envs.airline.tools import WRITE_TOOLS
 from factory.errors import ConfigError
 from factory.labels import GROUPS, is_error_observation
 from factory.rules import DomainRules
-from factory.sampler import (
-    SCENARIOS,
-    EpisodeSampler,
-    default_tools,
-    sample_episode,
-    sample_episodes,
-    world_env_id,
-)
+from factory.sampler import EpisodeSampler, sample_episode, sample_episodes, world_env_id
 from factory.steps import StepSample, check_step, decompose
 from factory.trajectory import Trajectory, normalize_tool_spec
 from factory.validate import validate
@@ -32,7 +26,7 @@ WORLD_SEED = 0
 
 @pytest.fixture(scope="module")
 def sampler() -> EpisodeSampler:
-    return EpisodeSampler(WORLD_SEED)
+    return EpisodeSampler("airline", WORLD_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +43,9 @@ def run(sampler: EpisodeSampler) -> list[tuple[Trajectory, list[StepSample]]]:
 
 def test_same_seed_same_episodes(sampler: EpisodeSampler) -> None:
     first = [t.to_json() for t in sampler.episodes(25, seed=5)]
-    again = [t.to_json() for t in EpisodeSampler(WORLD_SEED).episodes(25, seed=5)]
+    again = [t.to_json() for t in EpisodeSampler("airline", WORLD_SEED).episodes(25, seed=5)]
     assert first == again
-    assert first == [t.to_json() for t in sample_episodes(WORLD_SEED, 25, seed=5)]
+    assert first == [t.to_json() for t in sample_episodes("airline", WORLD_SEED, 25, seed=5)]
     other = [t.to_json() for t in sampler.episodes(25, seed=6)]
     assert sum(a != b for a, b in zip(first, other, strict=True)) > 20
 
@@ -94,7 +88,7 @@ def test_every_step_keeps_the_invariants(run: list[tuple[Trajectory, list[StepSa
         assert [s.observation for s in steps] == observations  # replay == what was sampled
         for sample in steps:
             assert same_json(apply(sample.delta, sample.state_before), sample.state_after)
-            check_step(sample)  # includes slice sufficiency
+            check_step(sample, domain="airline")  # includes slice sufficiency
             assert sample.env_id == traj.metadata["env_id"]
             assert sample.task_id == traj.metadata["task_id"]
             assert sample.user_id == traj.metadata["user_id"]
@@ -146,6 +140,7 @@ def test_valid_episodes_pass_validation_and_never_fail(sampler: EpisodeSampler) 
     domain = Domain("airline", [normalize_tool_spec(t) for t in tools])
     rules = DomainRules.load(ROOT / "filters" / "airline.yaml")
     clean = EpisodeSampler(
+        "airline",
         WORLD_SEED,
         invalid_share=0.0,
         violation_share=0.0,
@@ -212,20 +207,25 @@ def test_ten_thousand_steps_apply_exactly(sampler: EpisodeSampler) -> None:
 @pytest.mark.parametrize("share", [-0.1, 1.5])
 def test_shares_must_be_probabilities(sampler: EpisodeSampler, share: float) -> None:
     with pytest.raises(ConfigError, match="between 0 and 1"):
-        EpisodeSampler(WORLD_SEED, invalid_share=share, world_sizes={"n_users": 1})
+        EpisodeSampler("airline", WORLD_SEED, invalid_share=share, world_sizes={"n_users": 1})
     with pytest.raises(ConfigError, match="violation_share"):
         sample_episode(sampler.fresh_env(), rng=random.Random(0), env_id="x", violation_share=share)
 
 
 def test_unknown_world_sizes_are_refused() -> None:
     with pytest.raises(ConfigError, match="unknown world size"):
-        EpisodeSampler(0, world_sizes={"n_planes": 3})
+        EpisodeSampler("airline", 0, world_sizes={"n_planes": 3})
 
 
 def test_small_worlds_and_their_ids() -> None:
     sizes = {"n_users": 20, "n_flights": 40, "n_reservations": 60}
-    small = EpisodeSampler(1, world_sizes=sizes)
-    assert small.env_id == world_env_id(1, sizes) != world_env_id(1) == "airline-gen-1"
+    small = EpisodeSampler("airline", 1, world_sizes=sizes)
+    assert (
+        small.env_id
+        == world_env_id("airline", 1, sizes)
+        != world_env_id("airline", 1)
+        == "airline-gen-1"
+    )
     assert len(small.world.state["users"]) == 20
     for traj in small.episodes(40, seed=0):
         for sample in decompose(traj, small.fresh_env(), env_id=small.env_id, check=True):

@@ -11,9 +11,9 @@ import pytest
 
 from factory.delta import apply, diff, same_json
 from factory.envs.airline import AirlineEnv
+from factory.envs.airline.slices import empty_slice, project, slice_for
 from factory.envs.airline.tools import AIRPORTS, WRITE_TOOLS
 from factory.envs.airline.world import CABINS, generate_world
-from factory.slices import empty_slice, project, slice_for
 
 MAX_SLICE_BYTES = 32_000
 
@@ -223,9 +223,9 @@ def test_random_calls_on_generated_worlds_slice_exactly(seed: int) -> None:
 # --- unit behaviour ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def world() -> dict[str, Any]:
-    return generate_world(11, n_users=10, n_flights=20, n_reservations=20)
+@pytest.fixture()
+def world(airline_world: dict[str, Any]) -> dict[str, Any]:
+    return airline_world
 
 
 @pytest.mark.parametrize(

@@ -26,40 +26,12 @@ from factory.steps import (
 )
 from factory.trajectory import ToolCall, Trajectory, Turn
 
-
-@pytest.fixture(scope="module")
-def world() -> AirlineEnv:
-    return AirlineEnv.create(seed=3, n_users=40, n_flights=60, n_reservations=120)
+from .helpers import booking_args
 
 
-def _user_with_card(env: AirlineEnv) -> tuple[str, str]:
-    for uid, user in env.state["users"].items():
-        for pid, method in user["payment_methods"].items():
-            if method["source"] == "credit_card":
-                return uid, pid
-    raise AssertionError("the generated world has no credit card")
-
-
-def _booking(env: AirlineEnv) -> dict[str, Any]:
-    """A valid one-way booking for one passenger, paid by card."""
-    uid, card = _user_with_card(env)
-    for number, flight in env.state["flights"].items():
-        for day, info in flight["dates"].items():
-            if info.get("status") == "available" and info["available_seats"]["economy"] > 0:
-                return {
-                    "user_id": uid,
-                    "origin": flight["origin"],
-                    "destination": flight["destination"],
-                    "flight_type": "one_way",
-                    "cabin": "economy",
-                    "flights": [{"flight_number": number, "date": day}],
-                    "passengers": [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}],
-                    "payment_methods": [{"payment_id": card, "amount": info["prices"]["economy"]}],
-                    "total_baggages": 0,
-                    "nonfree_baggages": 0,
-                    "insurance": "no",
-                }
-    raise AssertionError("no bookable flight")
+@pytest.fixture()
+def world(airline_world: dict[str, Any]) -> AirlineEnv:
+    return AirlineEnv(airline_world).copy()  # a fork: the session's world stays pristine
 
 
 def _some_reservation(env: AirlineEnv) -> str:
@@ -67,7 +39,7 @@ def _some_reservation(env: AirlineEnv) -> str:
 
 
 def test_booking_step_carries_what_it_created(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     uid, env = args["user_id"], world.copy()
     calls = [("get_user_details", {"user_id": uid}), ("book_reservation", args)]
     read, book = list(decompose_calls(calls, env, env_id="w3", user_id=uid))
@@ -91,18 +63,18 @@ def test_booking_step_carries_what_it_created(world: AirlineEnv) -> None:
         "env_id": "w3",
     }
     for sample in (read, book):
-        check_step(sample)
+        check_step(sample, domain="airline")
         assert same_json(apply(sample.delta, sample.state_before), sample.state_after)
     assert world.state["reservations"].get(booked) is None  # the caller's world is untouched
 
 
 def test_failed_write_is_a_failure_without_change(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     args["payment_methods"][0]["amount"] += 1
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     assert sample.observation.startswith("Error: payment amount does not add up")
     assert sample.delta == [] and sample.labels["group"] == "Failure"
-    check_step(sample)
+    check_step(sample, domain="airline")
 
 
 def test_decompose_reads_ids_from_metadata_and_lets_callers_override(world: AirlineEnv) -> None:
@@ -132,11 +104,11 @@ def test_decompose_reads_ids_from_metadata_and_lets_callers_override(world: Airl
 
 
 def test_round_trip_through_json(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     for sample in decompose_calls([("book_reservation", args)], world.copy(), env_id="w3"):
         again = StepSample.from_dict(json.loads(json.dumps(sample.to_dict())))
         assert again == sample
-        check_step(again)
+        check_step(again, domain="airline")
 
 
 def test_step_errors_carry_a_registered_reason() -> None:
@@ -197,11 +169,11 @@ def _tampered(sample: StepSample, how: str) -> StepSample:
 def test_check_step_catches_every_broken_guarantee(
     world: AirlineEnv, how: str, message: str
 ) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
-    check_step(sample)
+    check_step(sample, domain="airline")
     with pytest.raises(StepError, match=message):
-        check_step(_tampered(sample, how))
+        check_step(_tampered(sample, how), domain="airline")
 
 
 def test_arguments_must_be_objects(world: AirlineEnv) -> None:
@@ -212,12 +184,28 @@ def test_arguments_must_be_objects(world: AirlineEnv) -> None:
 def test_unknown_domain_has_no_slices(world: AirlineEnv) -> None:
     env = world.copy()
     env.domain = "retail"  # type: ignore[misc]
-    with pytest.raises(ConfigError, match="no state slices for domain 'retail'"):
+    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
         list(decompose_calls([("think", {"thought": "x"})], env, env_id="w"))
 
 
+def test_a_domain_without_slicing_is_named_with_those_that_have_it(world: AirlineEnv) -> None:
+    from factory.envs import DomainPlugin, register_domain
+    from factory.envs.registry import reset_registry
+
+    register_domain(DomainPlugin("bare"))
+    try:
+        env = world.copy()
+        env.domain = "bare"  # type: ignore[misc]
+        with pytest.raises(
+            ConfigError, match="'bare' supplies no slicing; domains that do: airline"
+        ):
+            list(decompose_calls([("think", {"thought": "x"})], env, env_id="w"))
+    finally:
+        reset_registry()
+
+
 def test_arguments_are_detached_from_the_caller(world: AirlineEnv) -> None:
-    args = _booking(world)
+    args = booking_args(world.state)
     pristine = deepcopy(args)
     (sample,) = decompose_calls([("book_reservation", args)], world.copy(), env_id="w3")
     args["passengers"].append({"first_name": "X", "last_name": "Y", "dob": "2000-01-01"})
@@ -251,9 +239,10 @@ def test_tool_source_includes_the_constants_that_decide_the_outcome() -> None:
     assert "def _flight_cost(" not in certificate
 
 
-@pytest.mark.parametrize(("domain", "tool"), [("airline", "fly_me"), ("retail", "think")])
-def test_tool_source_of_unknown_tools_is_none(domain: str, tool: str) -> None:
-    assert tool_source(domain, tool) is None
+def test_tool_source_of_unknown_tools_is_none() -> None:
+    assert tool_source("airline", "fly_me") is None
+    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
+        tool_source("retail", "think")
 
 
 # --- the 200 recorded tau-bench trajectories ----------------------------------------------------
@@ -272,7 +261,7 @@ def test_every_recorded_taubench_step_keeps_the_invariants(taubench_dir: Path) -
         traj = parse_record(record, source=f"gpt-4o-airline.json:{i}", default_tools=tools)
         recorded = [t.content for t in traj.turns if t.role == "tool"]
         for sample in decompose(traj, pristine.copy(), env_id="taubench-airline"):
-            check_step(sample)
+            check_step(sample, domain="airline")
             assert same_json(apply(sample.delta, sample.state_before), sample.state_after)
             assert sample.task_id == str(record["task_id"])
             failed = recorded[sample.step].startswith("Error")

@@ -13,6 +13,8 @@ from factory.envs.airline import AirlineEnv
 from factory.envs.airline.tools import NEW_RESERVATION_IDS
 from factory.envs.airline.world import CABINS, check_world, generate_world, main, write_world
 
+from .helpers import booking_args
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"n_users": 40, "n_flights": 30, "n_reservations": 120}
 
@@ -98,29 +100,9 @@ def test_reservations_follow_tau_bench_price_rules(world: dict[str, Any]) -> Non
 def test_generated_world_is_bookable(world: dict[str, Any]) -> None:
     env = AirlineEnv(world).copy()
     user_id, user = next(iter(world["users"].items()))
-    card = next(p for p in user["payment_methods"].values() if p["source"] == "credit_card")
-    flight_number, flight = next(
-        (n, f)
-        for n, f in world["flights"].items()
-        if f["dates"]["2024-05-20"]["available_seats"]["economy"] > 0
-    )
-    price = flight["dates"]["2024-05-20"]["prices"]["economy"]
-    obs = env.execute(
-        "book_reservation",
-        {
-            "user_id": user_id,
-            "origin": flight["origin"],
-            "destination": flight["destination"],
-            "flight_type": "one_way",
-            "cabin": "economy",
-            "flights": [{"flight_number": flight_number, "date": "2024-05-20"}],
-            "passengers": [{**user["name"], "dob": user["dob"]}],
-            "payment_methods": [{"payment_id": card["id"], "amount": price}],
-            "total_baggages": 0,
-            "nonfree_baggages": 0,
-            "insurance": "no",
-        },
-    )
+    me = [{**user["name"], "dob": user["dob"]}]
+    args = booking_args(world, user_id=user_id, date="2024-05-20", passengers=me)
+    obs = env.execute("book_reservation", args)
     assert json.loads(obs)["reservation_id"] == "HATHAT"
     assert check_world(env.state) == []
 

@@ -4,13 +4,9 @@ Why not rename the reference as ``simulate.amplify`` does: a grounded prompt
 (``prompts/amplify_grounded.j2``) lists real entities, and the factory replays
 every call of the answer on the full world (``factory.grounding``). Renamed
 ids would exist nowhere, so every observation would contradict the executor.
-The devserver therefore plays a short, policy-shaped episode about the
-scenario's user - identify the user, read, confirm, write - and *executes*
-each call on a copy of the scenario with ``factory.envs``: the observations
-are the real ones, and because a scenario holds everything those calls read
-(``GroundingWorld.scenario``), replaying the answer on the world matches
-call for call. The reference still steers the plot: a reference that cancels
-gets a cancellation when the state allows one.
+The devserver therefore asks the domain whose state the prompt shows (its
+plug-in's ``devserver`` part) to play a short episode whose every call is
+*executed* on a copy of that state: the observations are the real ones.
 
 ``corrupt_observation`` is the devserver's ``wrong_observation`` defect: one
 observation changed the way a drifting simulator changes it (a count off by
@@ -20,384 +16,84 @@ repair it.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
-from collections.abc import Callable, Collection
-from copy import deepcopy
+from collections.abc import Collection
 from typing import Any
 
 from factory.devserver.simulate import extract_block
-from factory.envs.airline import AirlineEnv
-from factory.envs.airline.tools import AIRPORTS, NOW
-from factory.errors import ConfigError
-from factory.grounding import BOOKING_WINDOW, ENV_STATE_MARKER
-from factory.sampler import FREE_BAGS
+from factory.envs.plugin import DevserverHooks
+from factory.envs.registry import available_domains, get_plugin
+from factory.grounding import ENV_STATE_MARKER
 
 __all__ = [
     "ENV_STATE_MARKER",
-    "PLOTS",
     "corrupt_observation",
     "grounded_trajectory",
     "read_scenario",
 ]
 
-#: Episodes the devserver can play, and the reference tool that asks for each.
-PLOTS: dict[str, str | None] = {
-    "cancel": "cancel_reservation",
-    "baggage": "update_reservation_baggages",
-    "book": "book_reservation",
-    "status": "get_reservation_details",
-    "profile": None,
-}
-_TODAY = NOW[:10]
-_DAY_BEFORE = "2024-05-14T15:00:00"  # bookings made after this are within 24 hours of NOW
-_ENUMS: dict[str, tuple[str, ...]] = {
-    "status": ("available", "cancelled", "landed", "delayed", "on time"),
-    "membership": ("regular", "silver", "gold"),
-    "cabin": ("basic_economy", "economy", "business"),
-    "insurance": ("yes", "no"),
-    "flight_type": ("one_way", "round_trip"),
-}
-_GREETINGS = ("Hi!", "Hello.", "Hey there,", "Good afternoon.", "Hi,")
-
-Message = dict[str, Any]
 State = dict[str, Any]
 
 
+@functools.cache
+def _hooks() -> tuple[DevserverHooks, ...]:
+    """The devserver parts of every registered domain, in name order."""
+    found = []
+    for name in available_domains("devserver"):
+        hooks = get_plugin(name).devserver
+        assert hooks is not None
+        found.append(hooks)
+    return tuple(found)
+
+
+@functools.cache
+def _enums() -> dict[str, tuple[str, ...]]:
+    merged: dict[str, tuple[str, ...]] = {}
+    for hooks in _hooks():
+        for key, values in hooks.observation_enums.items():
+            merged[key] = (
+                *merged.get(key, ()),
+                *(v for v in values if v not in merged.get(key, ())),
+            )
+    return merged
+
+
 def read_scenario(text: str) -> State | None:
-    """The airline state of a prompt's ``### Environment state`` block, or None."""
+    """The state of a prompt's ``### Environment state`` block if a domain knows it, or None."""
     block = extract_block(text, ENV_STATE_MARKER)
     if block is None:
         return None
     try:
-        state = json.loads(block)
+        value = json.loads(block)
     except (ValueError, RecursionError):
         return None
-    tables = ("users", "flights", "reservations")
-    if not isinstance(state, dict) or not all(isinstance(state.get(t), dict) for t in tables):
-        return None
-    users = state["users"]
-    if not users or not all(isinstance(u, dict) for u in users.values()):
-        return None
-    return state
-
-
-# --------------------------------------------------------------------------------------
-# The episode
-# --------------------------------------------------------------------------------------
-class _Episode:
-    """Messages in the output format, every call executed on the scenario copy."""
-
-    def __init__(self, env: AirlineEnv, rng: random.Random, user_id: str) -> None:
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.messages: list[Message] = []
-
-    @property
-    def user(self) -> dict[str, Any]:
-        found: dict[str, Any] = self.env.state["users"][self.user_id]
-        return found
-
-    def say_user(self, text: str) -> None:
-        self.messages.append({"role": "user", "content": text})
-
-    def say(self, text: str) -> None:
-        self.messages.append({"role": "assistant", "content": text})
-
-    def call(self, name: str, arguments: dict[str, Any], reasoning: str) -> str:
-        self.messages.append(
-            {
-                "role": "assistant",
-                "reasoning": reasoning,
-                "content": "",
-                "tool_calls": [{"name": name, "arguments": arguments}],
-            }
-        )
-        observation = self.env.execute(name, arguments)
-        self.messages.append({"role": "tool", "name": name, "content": observation})
-        return observation
-
-    def pick(self, options: tuple[str, ...]) -> str:
-        return self.rng.choice(options)
-
-    def open(self, request: str) -> None:
-        self.say_user(f"{self.pick(_GREETINGS)} {request} My user id is {self.user_id}.")
-        self.call(
-            "get_user_details",
-            {"user_id": self.user_id},
-            "The user gave their user id; look up the profile before anything else.",
-        )
-
-    def confirm(self, summary: str) -> None:
-        self.say(f"{summary} Do you want me to go ahead (yes/no)?")
-        self.say_user(self.pick(("Yes, please.", "Yes.", "Yes, go ahead.", "Sounds good, yes.")))
-
-    def close(self, text: str) -> None:
-        self.say(text)
-        if self.rng.random() < 0.5:
-            self.say_user(self.pick(("Thanks, that's all.", "Great, thank you!", "Perfect.")))
-            self.say("You're welcome! Have a good trip.")
-
-
-def _city(code: Any) -> str:
-    return f"{AIRPORTS.get(code, code)} ({code})"
-
-
-def _active(state: State, user_id: str) -> list[dict[str, Any]]:
-    ids = state["users"][user_id].get("reservations") or []
-    found = [state["reservations"].get(r) for r in ids]
-    return [r for r in found if isinstance(r, dict) and r.get("status") != "cancelled"]
-
-
-def _payer(user: dict[str, Any], cost: int) -> str | None:
-    """A credit card, else a gift card that covers ``cost``."""
-    methods = user.get("payment_methods") or {}
-    cards = sorted(p for p, m in methods.items() if m.get("source") == "credit_card")
-    gifts = sorted(
-        p
-        for p, m in methods.items()
-        if m.get("source") == "gift_card" and isinstance(m.get("amount"), (int, float))
-        if m["amount"] >= cost
-    )
-    return (cards or gifts or [None])[0]
-
-
-def _started(state: State, reservation: dict[str, Any]) -> bool:
-    for leg in reservation.get("flights") or []:
-        on_date = state["flights"].get(leg.get("flight_number"), {}).get("dates", {})
-        status = (on_date.get(leg.get("date")) or {}).get("status")
-        if str(leg.get("date")) < _TODAY or status in ("landed", "flying"):
-            return True
-    return False
-
-
-def _legs(reservation: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{leg.get('flight_number')} on {leg.get('date')}" for leg in reservation.get("flights", [])
-    )
-
-
-def _bookable(state: State) -> list[tuple[str, str, str, int]]:
-    """(flight, date, cabin, price) with a free seat on a date of the booking window."""
-    low, high = BOOKING_WINDOW
-    out = []
-    for number, flight in state["flights"].items():
-        for day, on_date in (flight.get("dates") or {}).items():
-            if not (low <= day <= high) or on_date.get("status") != "available":
-                continue
-            for cabin, seats in (on_date.get("available_seats") or {}).items():
-                price = (on_date.get("prices") or {}).get(cabin)
-                if isinstance(seats, int) and seats > 0 and isinstance(price, int):
-                    out.append((number, day, cabin, price))
-    return out
-
-
-# --- plots ------------------------------------------------------------------------------
-def _profile(ep: _Episode) -> None:
-    ep.open(ep.pick(("What does my account look like?", "Which payment methods do I have?")))
-    user = ep.user
-    methods = ", ".join(sorted(user.get("payment_methods") or {})) or "none"
-    ep.close(
-        f"You are a {user.get('membership', 'regular')} member with "
-        f"{len(user.get('reservations') or [])} reservation(s); payment methods on file: {methods}."
-    )
-
-
-def _status(ep: _Episode) -> None:
-    reservation = ep.rng.choice(list(ep.env.state["reservations"].values()))
-    rid = reservation["reservation_id"]
-    ep.open(f"Can you tell me the details of my reservation {rid}?")
-    observation = ep.call(
-        "get_reservation_details",
-        {"reservation_id": rid},
-        f"The user owns {rid}; read it to answer.",
-    )
-    found = json.loads(observation)
-    ep.close(
-        f"Reservation {rid} is a {found['flight_type'].replace('_', '-')} trip from "
-        f"{_city(found['origin'])} to {_city(found['destination'])} in {found['cabin']}: "
-        f"{_legs(found)}, with {len(found['passengers'])} passenger(s) and "
-        f"{found['total_baggages']} checked bag(s)."
-    )
-
-
-def _cancel(ep: _Episode) -> None:
-    state = ep.env.state
-    reservation = ep.rng.choice(_active(state, ep.user_id))
-    rid = reservation["reservation_id"]
-    reason = ep.pick(("my plans changed", "I have a schedule conflict", "I am sick"))
-    ep.open(f"I need to cancel reservation {rid} because {reason}.")
-    ep.call(
-        "get_reservation_details",
-        {"reservation_id": rid},
-        f"Check {rid} before deciding whether it can be cancelled.",
-    )
-    allowed = not _started(state, reservation) and (
-        str(reservation.get("created_at", "")) >= _DAY_BEFORE
-        or reservation.get("cabin") == "business"
-        or reservation.get("insurance") == "yes"
-    )
-    if not allowed:
-        ep.close(
-            f"I'm sorry, but reservation {rid} cannot be cancelled: it was booked more than "
-            "24 hours ago, is not in business class and has no travel insurance (or a flight "
-            "has already departed). I can help you change it instead."
-        )
-        return
-    paid = sum(p.get("amount", 0) for p in reservation.get("payment_history", []))
-    ep.confirm(f"I can cancel {rid} ({_legs(reservation)}); ${paid} goes back to the payer.")
-    ep.call("cancel_reservation", {"reservation_id": rid}, "The user confirmed; cancel it.")
-    ep.close(
-        f"Reservation {rid} is cancelled. The refund of ${paid} reaches the original payment "
-        "method within 5 to 7 business days."
-    )
-
-
-def _baggage_plan(ep: _Episode, added: int) -> tuple[dict[str, Any], int, int, int, str] | None:
-    """(reservation, new total, new non-free count, cost, payer) of adding ``added`` bags."""
-    user = ep.user
-    for reservation in _active(ep.env.state, ep.user_id):
-        total = int(reservation.get("total_baggages", 0)) + added
-        nonfree = int(reservation.get("nonfree_baggages", 0))
-        allowance = FREE_BAGS.get(str(user.get("membership")), FREE_BAGS["regular"])
-        free = allowance.get(str(reservation.get("cabin")), 0) * len(
-            reservation.get("passengers", [])
-        )
-        new_nonfree = max(nonfree, total - free)
-        cost = 50 * (new_nonfree - nonfree)
-        payer = _payer(user, cost)
-        if payer is not None:
-            return reservation, total, new_nonfree, cost, payer
+    for hooks in _hooks():
+        state = hooks.read_state(value)
+        if state is not None:
+            return state
     return None
-
-
-def _baggage(ep: _Episode) -> None:
-    plan = _baggage_plan(ep, ep.rng.choice((1, 2))) or _baggage_plan(ep, 1)
-    assert plan is not None  # _feasible checked it
-    reservation, total, nonfree, cost, payer = plan
-    rid = reservation["reservation_id"]
-    extra = total - int(reservation.get("total_baggages", 0))
-    ep.open(f"I'd like to add {extra} checked bag(s) to reservation {rid}.")
-    ep.call(
-        "get_reservation_details",
-        {"reservation_id": rid},
-        f"Read {rid} to work out the free allowance.",
-    )
-    ep.confirm(
-        f"That makes {total} checked bags, {nonfree} of them non-free; the change costs ${cost}, "
-        f"charged to {payer}."
-    )
-    arguments = {
-        "reservation_id": rid,
-        "total_baggages": total,
-        "nonfree_baggages": nonfree,
-        "payment_id": payer,
-    }
-    ep.call("update_reservation_baggages", arguments, "Confirmed; update the bags.")
-    ep.close(f"Done: reservation {rid} now has {total} checked bags.")
-
-
-def _book(ep: _Episode) -> None:
-    user = ep.user
-    options = [o for o in _bookable(ep.env.state) if _payer(user, o[3]) is not None]
-    number, day, cabin, price = ep.rng.choice(options)
-    flight = ep.env.state["flights"][number]
-    origin, destination = flight["origin"], flight["destination"]
-    ep.open(f"I want to fly from {_city(origin)} to {_city(destination)} on {day}.")
-    found = json.loads(
-        ep.call(
-            "search_direct_flight",
-            {"origin": origin, "destination": destination, "date": day},
-            "Search direct flights on the route and date the user asked for.",
-        )
-    )
-    listing = "; ".join(
-        f"{f['flight_number']} at {f['scheduled_departure_time_est']}" for f in found
-    )
-    ep.say(f"I found these direct flights: {listing}. Which one, and in which cabin?")
-    ep.say_user(f"{number} in {cabin.replace('_', ' ')}, just me, no bags and no insurance.")
-    payer = _payer(user, price)
-    assert payer is not None
-    name = user.get("name") or {}
-    passenger = {
-        "first_name": name.get("first_name", ""),
-        "last_name": name.get("last_name", ""),
-        "dob": user.get("dob", ""),
-    }
-    ep.confirm(
-        f"One-way {number} on {day} in {cabin}, for {passenger['first_name']} "
-        f"{passenger['last_name']}, no checked bags, no insurance: ${price}, paid with {payer}."
-    )
-    arguments = {
-        "user_id": ep.user_id,
-        "origin": origin,
-        "destination": destination,
-        "flight_type": "one_way",
-        "cabin": cabin,
-        "flights": [{"flight_number": number, "date": day}],
-        "passengers": [passenger],
-        "payment_methods": [{"payment_id": payer, "amount": price}],
-        "total_baggages": 0,
-        "nonfree_baggages": 0,
-        "insurance": "no",
-    }
-    booked = ep.call("book_reservation", arguments, "The user confirmed; book it.")
-    rid = json.loads(booked).get("reservation_id") if booked.startswith("{") else None
-    ep.close(f"You are booked: reservation {rid}, {number} on {day}.")
-
-
-_PLAYERS: dict[str, Callable[[_Episode], None]] = {
-    "cancel": _cancel,
-    "baggage": _baggage,
-    "book": _book,
-    "status": _status,
-    "profile": _profile,
-}
-
-
-def _feasible(ep: _Episode, plot: str) -> bool:
-    state = ep.env.state
-    if plot == "status":
-        return bool(state["reservations"])
-    if plot == "cancel":
-        return bool(_active(state, ep.user_id))
-    if plot == "baggage":
-        return _baggage_plan(ep, 1) is not None
-    if plot == "book":
-        return any(_payer(ep.user, o[3]) is not None for o in _bookable(state))
-    return True
 
 
 def grounded_trajectory(
     scenario: State, rng: random.Random, *, reference_tools: Collection[str] = ()
 ) -> dict[str, Any] | None:
-    """A conversation about the scenario's user whose every call was executed on the scenario.
+    """A conversation whose every call was executed on ``scenario``, played by its domain.
 
     Args:
-        scenario: an airline state (the prompt's environment block); not modified.
+        scenario: a state :func:`read_scenario` returned; not modified.
         rng: the request's content random source.
-        reference_tools: tools the reference calls; the first plot they ask for
-            that the state allows is played, else a random feasible one.
+        reference_tools: tools the reference calls (they steer the plot).
 
     Returns:
         ``{"messages": [...]}`` in the amplification output format, or None when
-        ``scenario`` is not an airline state with a valid user.
+        no domain can play the state.
     """
-    try:
-        env = AirlineEnv(deepcopy(scenario))
-    except ConfigError:
-        return None
-    user_id = next(iter(scenario["users"]))
-    if not isinstance(user_id, str):
-        return None
-    ep = _Episode(env, rng, user_id)
-    try:
-        feasible = [p for p in PLOTS if _feasible(ep, p)]
-        asked = [p for p, tool in PLOTS.items() if tool in reference_tools and p in feasible]
-        plot = asked[0] if asked else rng.choice(feasible)
-        _PLAYERS[plot](ep)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None  # a state that is airline-shaped but not consistent enough to play
-    return {"messages": ep.messages}
+    for hooks in _hooks():
+        if hooks.read_state(scenario) is not None:
+            return hooks.play(scenario, rng, reference_tools)
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -411,7 +107,7 @@ def _leaves(value: Any, out: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
             _leaves(item, out)
             continue
         number = isinstance(item, (int, float)) and not isinstance(item, bool)
-        if number or (isinstance(key, str) and item in _ENUMS.get(key, ())):
+        if number or (isinstance(key, str) and item in _enums().get(key, ())):
             out.append((value, key))
     return out
 
@@ -448,7 +144,7 @@ def corrupt_observation(trajectory: dict[str, Any], rng: random.Random) -> bool:
     container, key = rng.choice(leaves)
     old = container[key]
     if isinstance(old, str):
-        container[key] = rng.choice([v for v in _ENUMS[key] if v != old])
+        container[key] = rng.choice([v for v in _enums()[key] if v != old])
     else:
         container[key] = old + rng.choice((1, 2, 5, 10, 50))
     message["content"] = json.dumps(value)

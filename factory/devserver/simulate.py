@@ -5,7 +5,8 @@ repair, validation, dedup) must see *new* trajectories that still hang
 together, or dedup collapses every answer onto the seed and validation tests
 nothing. ``amplify`` therefore keeps the reference's tools and turn structure
 and consistently renames what a real model would vary: person names, ids
-(keeping their shape), airports with their cities, and dates (shifted within
+(keeping their shape), places with their names (a domain's vocabulary,
+from its plug-in: airports and their cities), and dates (shifted within
 their month). One mapping is applied to every string -- user and assistant
 text, reasoning, tool arguments, observations -- so the result stays
 self-consistent and valid against the same tool schemas.
@@ -15,8 +16,9 @@ The expensive part (finding entities) is done once per reference by
 which keeps a 30-turn reference well under a millisecond.
 
 A simulate prompt (``factory.simulator``) is answered by a *perfect*
-simulator: the call is executed on the given state slice in the airline
-world and the answer is the real observation and the exact Δ, so a metric run
+simulator: the call is executed on the given state slice in the world of
+the domain whose state it is (the first registered domain that accepts it)
+and the answer is the real observation and the exact Δ, so a metric run
 against the devserver must score 100% unless a defect is switched on.
 """
 
@@ -34,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 from factory.delta import diff
-from factory.envs.base import get_environment
+from factory.envs.registry import available_domains, get_environment, get_plugin
 from factory.errors import ConfigError
 from factory.simulator import SIM_MARKER, STATE_MARKER
 
@@ -84,16 +86,6 @@ LAST_NAMES: tuple[str, ...] = (
     "Ramos", "Reyes", "Schmidt", "Shah", "Sato", "Tanaka", "Torres", "Vargas", "Volkov",
     "Weber", "Yilmaz", "Zhou",
 )  # fmt: skip
-# Airport code -> city; one code per city so a city always renames with its code.
-AIRPORTS: dict[str, str] = {
-    "ATL": "Atlanta", "BOS": "Boston", "CLT": "Charlotte", "DEN": "Denver", "DFW": "Dallas",
-    "DTW": "Detroit", "EWR": "Newark", "IAH": "Houston", "JFK": "New York", "LAS": "Las Vegas",
-    "LAX": "Los Angeles", "MCO": "Orlando", "MIA": "Miami", "MSP": "Minneapolis",
-    "ORD": "Chicago", "PHL": "Philadelphia", "PHX": "Phoenix", "SEA": "Seattle",
-    "SFO": "San Francisco",
-}  # fmt: skip
-CITY_CODE: dict[str, str] = {city: code for code, city in AIRPORTS.items()}
-_SOURCE_ONLY_AIRPORTS = {"LGA": "New York"}  # renamed when seen, never chosen as a target
 _MONTHS = {name: i for i, name in enumerate(calendar.month_name) if name}
 _MONTHS.update({name: i for i, name in enumerate(calendar.month_abbr) if name})
 _MONTHS["Sept"] = 9
@@ -102,29 +94,52 @@ _NOT_RENAMED = frozenset(_MONTHS) | frozenset(calendar.day_name) | {
     "Will", "Grace", "Hope", "Joy", "Faith", "Bill", "Mark", "Rose", "Summer", "Dawn", "Sky",
     "Art", "Guy", "Page", "Young", "Long", "King", "White", "Black", "Green",
 }  # fmt: skip
-_ID_KEYS = frozenset({"id", "reservations", "flight_number", "flight_numbers"})
 _NAME_RE = re.compile(r"[A-Z][a-z]+")
 _USER_ID_RE = re.compile(r"([a-z]+)_([a-z]+)_(\d+)")
 _LITERAL_ID_RE = re.compile(r"[A-Za-z0-9_]{4,40}")
-_FLIGHT_RE = re.compile(r"([A-Z]{2,3})(\d{3,4})")
+_PREFIXED_ID_RE = re.compile(r"([A-Z]{2,3})(\d{3,4})")  # a code with a letter prefix (HAT123)
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _UPPER = _LOWER.upper()
 _DIGITS = "0123456789"
 
 _MONTH_ALT = "|".join(sorted(_MONTHS, key=len, reverse=True))
-_AIRPORT_ALT = "|".join([*AIRPORTS, *_SOURCE_ONLY_AIRPORTS])
-_CITY_ALT = "|".join(sorted(CITY_CODE, key=len, reverse=True))
 _HEAD = (
     r"(?P<email>\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b)"
     r"|(?P<iso>\b(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})(?!\d))"
     rf"|(?P<md>\b(?P<mon>{_MONTH_ALT})\.? (?P<day>\d{{1,2}})(?P<suf>st|nd|rd|th)?\b)"
 )
-_TAIL = (
-    r"|(?P<uid>\b[a-z]+(?:_[a-z]+)*_\d{3,}\b)"
-    r"|(?P<up>\b[A-Z0-9]{6,8}\b)"
-    rf"|(?P<apt>\b(?:{_AIRPORT_ALT})\b)"
-    rf"|(?P<city>\b(?:{_CITY_ALT})\b)"
-)
+_TAIL = r"|(?P<uid>\b[a-z]+(?:_[a-z]+)*_\d{3,}\b)|(?P<up>\b[A-Z0-9]{6,8}\b)"
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    """The places and id keys of every registered domain (their devserver parts)."""
+
+    places: dict[str, str]  # code -> name: renaming targets
+    every_place: dict[str, str]  # with the source-only ones
+    code_of: dict[str, str]  # name -> code of the targets
+    id_keys: frozenset[str]
+    tail: str  # the entity regex after the reference's literals
+
+
+@lru_cache(maxsize=1)
+def _vocabulary() -> _Vocabulary:
+    places: dict[str, str] = {}
+    source_only: dict[str, str] = {}
+    id_keys = {"id"}
+    for domain in available_domains("devserver"):
+        hooks = get_plugin(domain).devserver
+        assert hooks is not None
+        places.update(hooks.places)
+        source_only.update(hooks.source_only_places)
+        id_keys |= hooks.id_keys
+    code_of = {name: code for code, name in places.items()}
+    tail = _TAIL
+    if places:  # an empty alternation would match at every word boundary
+        codes = "|".join([*places, *source_only])
+        names = "|".join(sorted(code_of, key=len, reverse=True))
+        tail += rf"|(?P<apt>\b(?:{codes})\b)|(?P<city>\b(?:{names})\b)"
+    return _Vocabulary(places, {**source_only, **places}, code_of, frozenset(id_keys), tail)
 
 
 # --------------------------------------------------------------------------------------
@@ -215,7 +230,7 @@ class Reference:
     entities: tuple[_Ent, ...] = ()  # distinct entities; _Tpl holes index into it
     first_names: tuple[str, ...] = ()
     last_names: tuple[str, ...] = ()
-    airports: tuple[str, ...] = ()
+    places: tuple[str, ...] = ()  # codes (an airport), renamed with their names
     month_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     ids: frozenset[str] = frozenset()
 
@@ -244,7 +259,9 @@ def _gather(value: Any, key: str, found: _Found) -> None:
             found.last.add(value)
         elif key == "last_four" and value.isdigit() and len(value) == 4:
             found.fours.add(value)
-        elif (key in _ID_KEYS or key.endswith(("_id", "_ids"))) and _LITERAL_ID_RE.fullmatch(value):
+        elif (
+            key in _vocabulary().id_keys or key.endswith(("_id", "_ids"))
+        ) and _LITERAL_ID_RE.fullmatch(value):
             if key == "user_id":
                 found.user_ids.add(value)
             if not value.isalpha() or not value.islower():
@@ -317,8 +334,8 @@ class _Compiler:
             if literals
             else ""
         )
-        self.regex = re.compile(_HEAD + lit + _TAIL)
-        self.airports: set[str] = set()
+        self.regex = re.compile(_HEAD + lit + _vocabulary().tail)
+        self.places: set[str] = set()
         self.idents: set[str] = set(found.ids)
         self.entities: list[_Ent] = []
         self.index: dict[tuple[str, str], int] = {}
@@ -349,9 +366,9 @@ class _Compiler:
         if kind in ("up", "uid"):
             self.idents.add(text)
         elif kind == "apt":
-            self.airports.add(text)
+            self.places.add(text)
         elif kind == "city":
-            self.airports.add(CITY_CODE[text])
+            self.places.add(_vocabulary().code_of[text])
         return _Ent(kind or "", text)
 
     def template(self, text: str) -> str | _Tpl:
@@ -426,7 +443,7 @@ def compile_reference(reference: dict[str, Any]) -> Reference:
         messages=compiled,
         first_names=first,
         last_names=last,
-        airports=tuple(sorted(comp.airports)),
+        places=tuple(sorted(comp.places)),
         month_ranges=dict(sorted(comp.ranges.items())),
         ids=frozenset(comp.idents),
         entities=tuple(comp.entities),
@@ -470,10 +487,11 @@ class _Renamer:
             chosen = rng.sample(free, min(len(free), len(present)))
             self.names.update(zip(present[: len(chosen)], chosen, strict=True))
         self.lower = {k.lower(): v.lower() for k, v in self.names.items()}
-        targets = [c for c in AIRPORTS if c not in ref.airports]
-        if len(targets) < len(ref.airports):  # many airports: permute them among themselves
-            targets = sorted(set(AIRPORTS) | set(ref.airports))
-        self.airports = dict(zip(ref.airports, rng.sample(targets, len(ref.airports)), strict=True))
+        known = _vocabulary().places
+        targets = [c for c in known if c not in ref.places]
+        if len(targets) < len(ref.places):  # many places: permute them among themselves
+            targets = sorted(set(known) | set(ref.places))
+        self.places = dict(zip(ref.places, rng.sample(targets, len(ref.places)), strict=True))
         self.deltas: dict[int, int] = {}
         for month, (lo, hi) in ref.month_ranges.items():
             choices = [d for d in range(lo, hi + 1) if d] or [0]
@@ -521,9 +539,9 @@ class _Renamer:
         if user and user[1] in self.lower and user[2] in self.lower:
             head = f"{self.lower[user[1]]}_{self.lower[user[2]]}_"
             return self._fresh(lambda: head + self._digits(user[3]))
-        flight = _FLIGHT_RE.fullmatch(value)
-        if flight:
-            return self._fresh(lambda: flight[1] + self._chars(flight[2]))
+        prefixed = _PREFIXED_ID_RE.fullmatch(value)
+        if prefixed:
+            return self._fresh(lambda: prefixed[1] + self._chars(prefixed[2]))
         head, sep, tail = value.rpartition("_")
         if sep and tail and head.replace("_", "").isalpha() and head.islower():
             new_tail = self._digits if tail.isdigit() else self._chars
@@ -548,10 +566,10 @@ class _Renamer:
         if kind == "four":
             return self._digits(value)
         if kind == "apt":
-            return self.airports.get(value, value)
+            return self.places.get(value, value)
         if kind == "city":
-            code = self.airports.get(CITY_CODE[value])
-            return (AIRPORTS.get(code) or _SOURCE_ONLY_AIRPORTS[code]) if code else value
+            code = self.places.get(_vocabulary().code_of[value])
+            return _vocabulary().every_place[code] if code else value
         if kind == "iso":
             y, mo, d = ent.data
             return f"{y:04d}-{mo:02d}-{d + self.deltas.get(mo, 0):02d}"
@@ -661,15 +679,19 @@ def read_simulation(text: str) -> tuple[dict[str, Any], Any, Any] | None:
 
 
 def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str, Any] | None:
-    """A perfect simulator's answer: execute the call on ``state`` in the airline world.
+    """A perfect simulator's answer: execute the call on ``state`` in its domain's world.
 
     Returns:
         ``{"feedback": observation, "config_changes": diff(state, new state)}``, or
-        None when ``state`` is not an airline state (a table missing).
+        None when no registered domain builds a world on ``state`` (a table missing).
     """
-    try:
-        env = get_environment("airline", state=deepcopy(state))
-    except ConfigError:
+    for domain in available_domains("environment"):
+        try:
+            env = get_environment(domain, state=deepcopy(state))
+            break
+        except ConfigError:
+            continue
+    else:
         return None
     feedback = env.execute(name, arguments)
     return {"feedback": feedback, "config_changes": diff(state, env.state)}

@@ -42,16 +42,16 @@ __all__ = [
 
 
 @lru_cache(maxsize=4)
-def _world(world_seed: int, sizes_json: str) -> GroundingWorld:
+def _world(domain: str, world_seed: int, sizes_json: str) -> GroundingWorld:
     from factory.grounding import GroundingWorld
 
-    return GroundingWorld("airline", world_seed, json.loads(sizes_json) or None)
+    return GroundingWorld(domain, world_seed, json.loads(sizes_json) or None)
 
 
-def grounding_world(grounding: GroundingConfig) -> GroundingWorld:
-    """The executable world of a recipe, built once per process (amplify and
+def grounding_world(grounding: GroundingConfig, domain: str) -> GroundingWorld:
+    """The executable world of a recipe's domain, built once per process (amplify and
     postprocess run in the same actor and share it)."""
-    return _world(grounding.world_seed, json.dumps(grounding.world_sizes, sort_keys=True))
+    return _world(domain, grounding.world_seed, json.dumps(grounding.world_sizes, sort_keys=True))
 
 
 def seed_order(seed_ids: list[str], seed: int) -> list[str]:
@@ -106,7 +106,7 @@ class AmplifyStage(LLMStage):
         self.sampling = dict(cfg.llm.sampling)
         grounding = cfg.amplify.grounding
         self.template = amplify_template(cfg, load_domain(cfg))
-        self.world = grounding_world(grounding) if grounding else None
+        self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
         self.scenario_seed = cfg.amplify.seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
         self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})

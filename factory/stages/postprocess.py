@@ -22,7 +22,7 @@ from factory.config import RecipeConfig
 from factory.domain import Domain, load_domain
 from factory.errors import RepairError
 from factory.formats.completion import parse_output
-from factory.grounding import apply_mode, replay, scenario_user_id
+from factory.grounding import apply_mode, replay
 from factory.labels import trajectory_labels
 from factory.stages.amplify import grounding_world
 from factory.stages.base import Stage, reject
@@ -69,7 +69,7 @@ class PostprocessStage(Stage):
         self.reasoning = cfg.output.reasoning
         grounding = cfg.amplify.grounding
         self.mode = grounding.mode if grounding else None
-        self.world = grounding_world(grounding) if grounding else None
+        self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
         self.scenario_seed = cfg.amplify.seed
         self.system, self.tools_in_column = deployment_system_prompt(
             self.domain, cfg.amplify.system_prompt_format
@@ -99,7 +99,7 @@ class PostprocessStage(Stage):
                     row, self.name, info["reason"], info["message"], raw=row["completion"]
                 )
             traj = grounded
-            traj.metadata["grounding"] = {**summary, "user_id": scenario_user_id(scenario)}
+            traj.metadata["grounding"] = {**summary, "user_id": self.world.subject(scenario)}
             delta_size = info["delta_size"]
         issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
         if issues:

@@ -34,7 +34,7 @@ from typing import Any
 
 from factory.envs.airline.tools import NEW_RESERVATION_IDS, next_day
 
-__all__ = ["TABLES", "TRIMMED", "empty_slice", "project", "slice_for"]
+__all__ = ["TABLES", "TRIMMED", "empty_slice", "project", "slice_for", "trim"]
 
 TABLES = ("users", "flights", "reservations")
 #: Per table, the mapping field a slice may trim to the keys an action reads.
@@ -157,7 +157,7 @@ def slice_for(state: dict[str, Any], tool_name: str, arguments: Any) -> dict[str
     return {
         "users": {uid: deepcopy(state["users"][uid]) for uid in pick.users},
         "flights": {
-            number: _trim(flight, "dates", pick.flight_dates[number])
+            number: trim(flight, "dates", pick.flight_dates[number])
             for number, flight in state["flights"].items()
             if number in pick.flight_dates
         },
@@ -165,7 +165,7 @@ def slice_for(state: dict[str, Any], tool_name: str, arguments: Any) -> dict[str
     }
 
 
-def _trim(entity: Any, field: str, keys: Iterable[str]) -> Any:
+def trim(entity: Any, field: str, keys: Iterable[str]) -> Any:
     """A deep copy of ``entity`` whose mapping ``field`` keeps only ``keys``."""
     inner = entity.get(field) if isinstance(entity, dict) else None
     if not isinstance(inner, dict):
@@ -199,7 +199,7 @@ def project(state: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
             if key not in source:
                 continue
             if field and isinstance(shape, dict) and isinstance(shape.get(field), dict):
-                out[table][key] = _trim(source[key], field, shape[field])
+                out[table][key] = trim(source[key], field, shape[field])
             else:
                 out[table][key] = deepcopy(source[key])
     return out

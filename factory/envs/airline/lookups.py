@@ -1,0 +1,63 @@
+"""Reading an airline state the way the policy talks about it (shared by the airline modules).
+
+Why one module: the sampler, the devserver's grounded episodes and the
+grounding scenarios all ask "is this trip under way?", "which reservations
+are still active?", "how many bags fly free?"; one answer keeps them agreeing
+with each other and with the policy (``prompts/airline/policy.md``).
+Functions read, never write, and tolerate the malformed states a prompt may
+carry (missing keys read as absent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from factory.envs.airline.tools import AIRPORTS, NOW
+
+__all__ = ["FREE_BAGS", "TODAY", "active_reservations", "city", "on_date", "started"]
+
+State = dict[str, Any]
+
+TODAY = NOW[:10]
+#: Free checked bags per passenger by membership and cabin (the domain policy's table).
+FREE_BAGS = {
+    "regular": {"basic_economy": 0, "economy": 1, "business": 2},
+    "silver": {"basic_economy": 1, "economy": 2, "business": 3},
+    "gold": {"basic_economy": 2, "economy": 3, "business": 3},
+}
+
+
+def on_date(state: State, leg: Mapping[str, Any]) -> dict[str, Any]:
+    """The flight of ``leg`` on its date (status, seats, prices); ``{}`` if the state lacks it."""
+    flight = state["flights"].get(leg.get("flight_number"), {})
+    found: dict[str, Any] = flight.get("dates", {}).get(leg.get("date")) or {}
+    return found
+
+
+def started(state: State, reservation: Mapping[str, Any], *, unknown_departed: bool = True) -> bool:
+    """Whether a segment of ``reservation`` has departed (flown dates, ``landed``, ``flying``).
+
+    Args:
+        unknown_departed: whether a leg whose flight date the state does not hold
+            counts as departed. The sampler walks whole worlds, where that means a
+            broken reservation, so it plays safe; a devserver scenario is a slice
+            that may leave such legs out, so it does not.
+    """
+    statuses = ("landed", "flying", None) if unknown_departed else ("landed", "flying")
+    return any(
+        str(leg.get("date")) < TODAY or on_date(state, leg).get("status") in statuses
+        for leg in reservation.get("flights") or []
+    )
+
+
+def active_reservations(state: State, user_id: str) -> list[dict[str, Any]]:
+    """The user's reservations that the state holds and that are not cancelled."""
+    ids = state["users"][user_id].get("reservations") or []
+    found = [state["reservations"].get(r) for r in ids]
+    return [r for r in found if isinstance(r, dict) and r.get("status") != "cancelled"]
+
+
+def city(code: Any) -> str:
+    """``"Boston (BOS)"`` for an airport code (the code alone where it is unknown)."""
+    return f"{AIRPORTS.get(code, code)} ({code})"

@@ -1,0 +1,190 @@
+"""What a domain plug-in may supply: one typed record with optional parts.
+
+Why one record and not a module per hook: a domain is a unit a developer
+writes (or installs) in one place, ``factory/envs/<domain>/`` or a package of
+its own, and the engine asks it for parts by name. Every part but the name is
+optional; the engine says which part is missing when a recipe needs it
+(:func:`factory.envs.registry.get_plugin` with ``needs=``):
+
+* ``pack``: tools.json, policy.md and rules YAML shipped with the domain
+  (``factory.domain``, when a recipe names no files);
+* ``environment``: ``environment(**kw) -> Environment`` from ``db_dir=``,
+  ``state=``, or ``seed=`` plus generator sizes (``get_environment``,
+  fidelity, the devserver's simulator answers);
+* ``world_sizes``: the generator size keys ``environment(seed=...)`` takes;
+* ``slicing``: the part of a state one call reads or writes (``factory.steps``);
+* ``tool_functions``: the Python functions behind the tools, for code(a)
+  (``factory.steps``, ``factory.evaluate``);
+* ``sampler``: LLM-free episodes on a world: scenarios, weights, default
+  tools (``factory.sampler``);
+* ``grounding``: the state slices grounded amplification prompts show
+  (``factory.grounding``);
+* ``fidelity_renames``: keys the database renamed since its reference
+  trajectories were recorded (``factory.fidelity``);
+* ``devserver``: what the development server needs to answer the domain's
+  prompts offline (``factory.devserver``).
+
+A domain with only a data pack needs no plug-in at all: a recipe that names
+its files (``domain.tools``/``policy``/``rules``) runs the curate and amplify
+pipelines with no Python.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from factory.envs.base import Environment
+    from factory.trajectory import Trajectory
+
+__all__ = [
+    "PARTS",
+    "DataPack",
+    "DevserverHooks",
+    "DomainPlugin",
+    "EpisodeSampling",
+    "ScenarioSource",
+    "Slicing",
+]
+
+State = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DataPack:
+    """The files of a domain pack; a recipe's ``domain`` section may name others instead."""
+
+    tools: Path
+    policy: Path | None = None
+    rules: Path | None = None
+
+
+@dataclass(frozen=True)
+class Slicing:
+    """How to cut a state to one call, and run a call on such a cut.
+
+    ``slice_for(state, tool, arguments)``: the part of ``state`` the call reads or writes.
+    ``project(state, like)``: the objects of ``state`` that the slice ``like`` holds.
+    ``world(state, like)``: an environment over a slice (the caller keeps ``state``
+    unchanged); ``like`` is the environment the slice came from, or None.
+    """
+
+    slice_for: Callable[[State, str, Any], State]
+    project: Callable[[State, State], State]
+    world: Callable[[State, Environment | None], Environment]
+
+
+class ScenarioSource(Protocol):
+    """Slices of one world that grounded amplification prompts show (built once per actor)."""
+
+    def scenario(self, index: int, rng_seed: int) -> State:
+        """The slice shown in prompt ``index`` (same arguments, same slice)."""
+        ...
+
+    def mismatch(self, scenario: Mapping[str, Any]) -> str | None:
+        """Why ``scenario`` does not come from this world, or None when it does."""
+        ...
+
+    def subject(self, scenario: Mapping[str, Any]) -> str | None:
+        """The id of who the scenario is about (a user), recorded with the row."""
+        ...
+
+
+class EpisodeSampler(Protocol):
+    """One LLM-free episode on a fresh fork of a world (see ``factory.sampler``)."""
+
+    def __call__(
+        self,
+        env: Environment,
+        *,
+        rng: random.Random,
+        env_id: str,
+        invalid_share: float,
+        violation_share: float,
+        task_id: str | None,
+        tools: list[dict[str, Any]] | None,
+        system: str,
+        scenarios: Mapping[str, float] | None,
+    ) -> Trajectory: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSampling:
+    """The domain side of the programmatic sampler.
+
+    ``scenarios``: default weights (a recipe may reweight the same names);
+    ``system``: default system prompt; ``default_tools()``: bare tool specs with
+    ``x-kind`` for episodes that get no pack tools; ``sample_episode``: plays one.
+    """
+
+    scenarios: Mapping[str, float]
+    system: str
+    default_tools: Callable[[], list[dict[str, Any]]]
+    sample_episode: EpisodeSampler
+
+
+GroundedPlayer = Callable[[State, random.Random, Collection[str]], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class DevserverHooks:
+    """What the development server needs to answer a domain's prompts offline.
+
+    ``read_state(value)``: the value of a prompt's environment block if it is a
+    state of this domain, else None. ``play(state, rng, reference_tools)``: a
+    conversation (``{"messages": [...]}``) whose every call was executed on
+    ``state``, or None. ``observation_enums``: per JSON key, the values a
+    drifting simulator swaps among (the ``wrong_observation`` defect).
+
+    What the devserver renames in an ungrounded reference, besides names, ids
+    and dates: ``places`` (code -> place name, e.g. an airport and its city; one
+    code per name, so a name always renames with its code), ``source_only_places``
+    (renamed when seen, never chosen as a new value) and ``id_keys`` (JSON keys
+    whose string values are ids, besides ``id`` and ``*_id``).
+    """
+
+    read_state: Callable[[Any], State | None]
+    play: GroundedPlayer
+    observation_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    places: Mapping[str, str] = field(default_factory=dict)
+    source_only_places: Mapping[str, str] = field(default_factory=dict)
+    id_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class DomainPlugin:
+    """Everything the engine may ask of one domain; only ``name`` is required."""
+
+    name: str
+    pack: DataPack | None = None
+    environment: Callable[..., Environment] | None = None
+    world_sizes: frozenset[str] = frozenset()
+    slicing: Slicing | None = None
+    tool_functions: Callable[[], Mapping[str, Callable[..., Any]]] | None = None
+    sampler: EpisodeSampling | None = None
+    grounding: Callable[[Environment], ScenarioSource] | None = None
+    fidelity_renames: Mapping[str, str] = field(default_factory=dict)
+    devserver: DevserverHooks | None = None
+
+    def has(self, part: str) -> bool:
+        """Whether the plug-in supplies ``part`` (a field name of :data:`PARTS`)."""
+        if part not in PARTS:
+            raise ValueError(f"unknown plug-in part {part!r}; parts: {', '.join(PARTS)}")
+        return bool(getattr(self, part))
+
+
+#: The optional parts a recipe or command may need, in declaration order.
+PARTS: tuple[str, ...] = (
+    "pack",
+    "environment",
+    "slicing",
+    "tool_functions",
+    "sampler",
+    "grounding",
+    "fidelity_renames",
+    "devserver",
+)

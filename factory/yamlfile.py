@@ -1,0 +1,52 @@
+"""Strict YAML loading for every file the factory reads (recipes, rules, mixtures).
+
+Why one helper: PyYAML fails on hostile text in more ways than ``YAMLError``
+(``ValueError`` for an impossible date such as ``2024-13-45`` or an integer
+longer than Python converts, ``RecursionError`` for deep nesting), and a
+recursive alias (``&a [*a]``) loads as a cycle no later step (schema, hash,
+JSON) can walk. Each of these must become one ``ConfigError`` naming the file
+and, where PyYAML knows it, the line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from factory.errors import ConfigError, short
+
+__all__ = ["parse_yaml", "read_yaml"]
+
+
+def parse_yaml(text: str, what: str, *, key_path: str = "") -> Any:
+    """``yaml.safe_load(text)``, every failure a ConfigError about ``what``.
+
+    Raises:
+        ConfigError: ``{what} is not valid YAML[ at line L, column C]: detail``.
+    """
+    try:
+        value = yaml.safe_load(text)
+        json.dumps(value, default=str, skipkeys=True)  # raises on a cycle
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        detail = short(" ".join(str(exc).split()), 200)
+        raise ConfigError(f"{what} is not valid YAML{where}: {detail}", key_path=key_path) from exc
+    return value
+
+
+def read_yaml(path: str | Path, what: str, *, key_path: str = "") -> Any:
+    """Read and parse a YAML file (``what`` names it in messages, e.g. ``rules file``).
+
+    Raises:
+        ConfigError: the file cannot be read as UTF-8 text, or :func:`parse_yaml` fails.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}", key_path=key_path) from exc
+    return parse_yaml(text, f"{what} {path}", key_path=key_path)
