@@ -215,16 +215,15 @@ def _collect_seeds(
         counts["total"] += 1
         sum_retries(retries, row)
         collector.take_unstored(row)
+        # Spend first: a judge row refused by a cap may hold an earlier, paid request.
+        cost += float(row.get("cost_usd") or 0.0)
+        collector.replayed += int(row.get("cached_responses") or 0)
+        collector.paid_usd += float(row.get("paid_usd") or 0.0)
+        if row.get("usage"):
+            tokens.update(json.loads(row["usage"]))
         if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
             counts["unissued"] += 1
             continue
-        cost += float(row.get("cost_usd") or 0.0)
-        if row.get("cached"):
-            collector.replayed += 1
-        else:
-            collector.paid_usd += float(row.get("cost_usd") or 0.0)
-        if row.get("usage"):
-            tokens.update(json.loads(row["usage"]))
         if row["status"] == OK and row["id"] in kept:
             row.update(
                 status=REJECTED,

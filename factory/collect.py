@@ -91,10 +91,8 @@ class Collector:
                 self.tokens[key] += int(usage.get(key) or 0)
         cost = float(row.get("cost_usd") or 0.0)
         self.cost_usd += cost  # what the output cost, whichever run paid for it
-        if row.get("cached"):
-            self.replayed += 1
-        else:
-            self.paid_usd += cost  # what this run paid
+        self.replayed += int(row.get("cached_responses") or 0)
+        self.paid_usd += float(row.get("paid_usd") or 0.0)  # what this run paid
 
     # -- rows ------------------------------------------------------------------------------
     def add(self, row: dict[str, Any]) -> str:

@@ -274,7 +274,9 @@ def test_latency_and_max_concurrency_are_respected() -> None:
         elapsed = time.monotonic() - start
         stats = s.stats()
     assert min(durations) >= 0.18
-    assert 0.55 <= elapsed < 3.0  # three waves of two
+    # Three waves of two: at least three latencies long (the upper end is left to the
+    # max_in_flight check below, so a busy machine cannot fail this test).
+    assert elapsed >= 0.55
     assert stats["max_in_flight"] == 2
     assert stats["max_waiting"] >= 1
     assert stats["completed"] == 6

@@ -43,7 +43,8 @@ def _broken_cache(tmp_path: Path) -> Path:
 
 
 def _completed(log: Path) -> list[str]:
-    return [e["body_hash"] for e in map(json.loads, log.read_text().splitlines()) if e["completed"]]
+    entries = map(json.loads, log.read_text().splitlines())
+    return [e["request_id"] for e in entries if e["completed"]]  # the factory's request ids
 
 
 def _unstored_lines(out: Path) -> list[bytes]:
@@ -309,5 +310,6 @@ def test_a_full_output_disk_exits_7_naming_the_shard_not_internal_error(
         )
         err = capsys.readouterr().err
     assert code == EXIT_WRITE, err[-2000:]
-    assert err.startswith("error: cannot write " + str(full / "o"))
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: cannot write " + str(full / "o"))
     assert "No space left on device" in err and "internal error" not in err

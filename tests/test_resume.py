@@ -37,7 +37,7 @@ def ids(out: Path) -> set[str]:
 
 def completed_twice(log: Path) -> list[str]:
     counts = Counter(
-        e["body_hash"] for e in map(json.loads, log.read_text().splitlines()) if e["completed"]
+        e["request_id"] for e in map(json.loads, log.read_text().splitlines()) if e["completed"]
     )
     return [h for h, n in counts.items() if n > 1]
 
@@ -282,7 +282,7 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(
     first: dict[str, dict] = {}
     for e in entries:
         if e["completed"]:
-            first.setdefault(e["body_hash"], e)
+            first.setdefault(e["request_id"], e)
     repeats = completed_twice(log)
     not_in_flight = [
         first[h]

@@ -65,6 +65,10 @@ ROW_SCHEMA = pa.schema(
         ("labels", pa.string()),  # stratification labels JSON
         ("grounding", pa.string()),  # replay result on the executable world (JSON)
         ("cached", pa.bool_()),  # the LLM response came from the cache (paid by an earlier run)
+        # Per row, over all its requests (a judge may ask again): responses replayed from
+        # the cache, and what this run paid; the manifest's figures are their sums.
+        ("cached_responses", pa.int64()),
+        ("paid_usd", pa.float64()),
         # {"request_id", "record", "error"} JSON of a paid response the cache could not store:
         # the driver keeps it (OUT/unstored/) and stops the run (factory.runstate).
         ("unstored", pa.string()),

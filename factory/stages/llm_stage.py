@@ -271,6 +271,8 @@ class LLMStage(Stage):
             row["cached"] = False
         if row["cached"]:
             await self._spend(c)  # paid by an earlier run; counts towards the caps
+        row["cached_responses"] = (row.get("cached_responses") or 0) + int(row["cached"])
+        row["paid_usd"] = (row.get("paid_usd") or 0.0) + (0.0 if row["cached"] else c.cost_usd)
         row.update(
             completion=c.text,
             usage=json.dumps(usage_record(c)),
