@@ -411,8 +411,9 @@ def save_unstored(out_dir: Path, entries: list[tuple[str, dict[str, Any]]]) -> s
     if not entries:
         return ""
     data = b"".join(encode_line(rid, record) for rid, record in entries)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    name = f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+    # Nanoseconds first: files sort in the order they were written (two saves within
+    # one second kept their order only by chance with a seconds stamp).
+    name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
     try:
         atomic_write_text(out_dir / UNSTORED_DIR / name, data.decode(), out_dir)
         return str(out_dir / UNSTORED_DIR) + "/"
