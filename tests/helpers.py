@@ -36,6 +36,17 @@ def dev_overrides(*urls: str, target: int, **extra: Any) -> list[str]:
     return items
 
 
+def cli_args(out: Path, *overrides: str, name: str = "airline.yaml") -> list[str]:
+    """``python -m factory.run`` on a shipped recipe into ``out``, no bar, each override
+    as a ``--set``: the command the subprocess tests run (kill, lock, resume)."""
+    import sys
+
+    sets = [x for o in overrides for x in ("--set", o)]
+    recipe_path = str(ROOT / "pipelines" / name)
+    command = [sys.executable, "-m", "factory.run", recipe_path, "-o", str(out)]
+    return [*command, "--no-progress", *sets]
+
+
 def read_rows(out: Path, sub: str = "data") -> list[dict[str, Any]]:
     files = sorted((out / sub).glob("*.parquet"))
     if not files:

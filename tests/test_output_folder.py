@@ -28,7 +28,7 @@ from factory.errors import EXIT_LOCKED
 from factory.runstate import prepare_output
 
 from .conftest import ROOT
-from .helpers import dev_overrides, recipe
+from .helpers import cli_args, dev_overrides, recipe
 
 # The lock and the checks of this work are imported where used, so that against the
 # original code each test fails on its own assertion, not on an import.
@@ -271,27 +271,15 @@ def test_a_retried_submission_is_refused_and_the_first_run_ends_with_what_it_cla
     log = tmp_path / "requests.jsonl"
     server = devserver(seed=31, latency_ms=50, max_concurrency=8, request_log=str(log))
     out = tmp_path / "o"
-    args = [
-        sys.executable,
-        "-m",
-        "factory.run",
-        str(ROOT / "pipelines/airline.yaml"),
-        "-o",
-        str(out),
-        "--no-progress",
-        *[
-            x
-            for o in [
-                *dev_overrides(server.url, target=40),
-                "prefilter.enabled=false",
-                "output.shard_rows=5",
-                "llm.concurrency=4",
-                "llm.per_actor_concurrency=2",
-                "llm.timeout_s=600",  # requests wait out the pause below
-            ]
-            for x in ("--set", o)
-        ],
-    ]
+    args = cli_args(
+        out,
+        *dev_overrides(server.url, target=40),
+        "prefilter.enabled=false",
+        "output.shard_rows=5",
+        "llm.concurrency=4",
+        "llm.per_actor_concurrency=2",
+        "llm.timeout_s=600",  # requests wait out the pause below
+    )
     first_log = tmp_path / "first.log"  # a file, not a pipe: Ray's chatter cannot block it
     with paused(server):  # the first run's calls queue at the server until the block ends
         with first_log.open("w") as err:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -16,8 +15,7 @@ import pytest
 
 from factory.runner import run
 
-from .conftest import ROOT
-from .helpers import dev_overrides, read_rows, recipe
+from .helpers import cli_args, dev_overrides, read_rows, recipe
 
 pytestmark = pytest.mark.ray
 
@@ -218,16 +216,7 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(
     log = tmp_path / "requests.jsonl"
     server = devserver(seed=14, latency_ms=40, request_log=str(log))
     out = tmp_path / "killed"
-    args = [
-        sys.executable,
-        "-m",
-        "factory.run",
-        str(ROOT / "pipelines/airline.yaml"),
-        "-o",
-        str(out),
-        "--no-progress",
-        *[x for o in dev_overrides(server.url, target=120) for x in ("--set", o)],
-    ]
+    args = cli_args(out, *dev_overrides(server.url, target=120))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")}
     kills: list[tuple[float, float]] = []  # (kill time, start of the next run)
     stored: set[str] = set()  # request ids the cache held after the kills
