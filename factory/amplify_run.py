@@ -74,7 +74,7 @@ ROWS_PER_CALL_BLOCK = 512
 # Tasks (blocks) each LLM actor works on at once. Ray Data ends a task only when every
 # row of its block is done, and hands outputs on in order (preserve_order keeps runs
 # deterministic for resume), so a task whose last row is being retried holds no slot but
-# brings no new rows either. With many tasks per actor the rows awaiting a slot far
+# brings no new rows either. With several tasks per actor the rows awaiting a slot far
 # outnumber the rows waiting on a slow or hung request, and the actor's shared slot pool
 # (``LLMStage``) stays full; per-attempt deadlines bound how long a task waits.
 LLM_TASKS_PER_ACTOR = 16
@@ -86,23 +86,24 @@ def run_tokens(*usages: Counter[str]) -> int:
     return sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
 
 
-def llm_batch_size(cfg: RecipeConfig) -> int:
-    """Rows per batch of an LLM stage: at least the actor's request concurrency.
+def llm_batches_per_task(cfg: RecipeConfig) -> int:
+    """Batches (of one row each) Ray Data awaits at once within one task of an LLM stage.
 
-    Ray Data awaits a few batches of a task at once and a new batch starts only when
-    one has finished; with more rows awaiting than the actor's semaphore admits, a
-    slot freed by a finished request is taken at once by a waiting row, so the
-    server stays saturated instead of idling while a batch waits for its slowest row.
+    An LLM stage takes one row per batch because Ray Data hands a batch on only when its
+    slowest row is done: a slow or hung request then holds one slot, never a batch of
+    finished rows. Twice the actor's request slots, so a slot freed by a finished request
+    is taken at once by a row already waiting on the actor's semaphore, even while a
+    single task is running.
     """
     from factory.stages.llm_stage import per_actor_concurrency
 
-    return max(cfg.ray.batch_size, per_actor_concurrency(cfg))
+    return 2 * per_actor_concurrency(cfg)
 
 
 def rows_per_llm_block(cfg: RecipeConfig) -> int:
-    """Rows per block of the judged seeds: four batches, so a few thousand seeds still
-    spread over the actors."""
-    return 4 * llm_batch_size(cfg)
+    """Rows per block of the judged seeds: twice what one task awaits, so a few thousand
+    seeds still spread over the actors."""
+    return 2 * llm_batches_per_task(cfg)
 
 
 def _start_budget(cfg: RecipeConfig) -> Any:
@@ -199,8 +200,9 @@ def _collect_seeds(
             cfg,
             ray_cfg=cfg.ray,
             is_async=True,
-            batch_size=llm_batch_size(cfg),
+            batch_size=1,
             max_concurrent_batches=LLM_TASKS_PER_ACTOR,
+            batches_per_task=llm_batches_per_task(cfg),
         )
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
     failed = RejectWriter(out_dir, subdir="failed/seeds")
@@ -299,8 +301,9 @@ def _call_dataset(
         ray_cfg=cfg.ray,
         is_async=True,
         then=[(build_postprocess, (cfg,))],
-        batch_size=llm_batch_size(cfg),
+        batch_size=1,
         max_concurrent_batches=LLM_TASKS_PER_ACTOR,
+        batches_per_task=llm_batches_per_task(cfg),
     )
 
 

@@ -254,7 +254,13 @@ class RayConfig(_Strict):
         "this field), else start a private local Ray; never the cluster a stale "
         "$RAY_TMPDIR/ray/ray_current_cluster file names.",
     )
-    batch_size: int = Field(16, ge=1, description="Rows per batch in LLM actor stages.")
+    batch_size: int = Field(
+        16,
+        ge=1,
+        description="Rows per batch in CPU stages (seed checks, export). LLM stages take "
+        "one row per batch: Ray Data hands a batch on when its slowest row is done, so a "
+        "slow request holds only its own slot.",
+    )
     actors: int = Field(2, ge=1, description="Actors per LLM stage.")
     num_cpus: float = Field(
         0.25, gt=0, le=8, description="CPUs per actor (fractional on small machines)."

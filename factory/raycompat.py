@@ -20,7 +20,7 @@ from factory import interrupts
 from factory.config import RayConfig
 from factory.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
-__all__ = ["init_ray", "map_stage", "ray_address", "start_local_ray"]
+__all__ = ["await_batches_per_task", "init_ray", "map_stage", "ray_address", "start_local_ray"]
 
 
 def ray_address(configured: str | None = None) -> str:
@@ -95,6 +95,27 @@ def _discard_failed_start(before: set[int]) -> None:
     psutil.wait_procs(left, timeout=10)
 
 
+def await_batches_per_task(n: int) -> None:
+    """Let Ray Data await at least ``n`` batches of one task of an async UDF at once.
+
+    Why: Ray 2.60 awaits at most ``RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY``
+    (default 4) batches per task and hands a batch on only when its slowest row is
+    done; an LLM stage of one-row batches needs as many batches in flight as its actor
+    has request slots, or a heavy latency tail leaves the slots idle (issue 8: 43 of 64
+    requests open at the server with 4 batches of 40 rows per task). Ray reads the
+    value from a module constant when it plans the dataset on the driver (the closure
+    it builds goes to the actors), so it is raised there, process-wide and never
+    lowered (a user's larger environment value stands). A Ray upgrade that renames the
+    constant fails ``tests/test_raycompat.py`` instead of silently losing throughput.
+    """
+    from ray.data._internal.planner import plan_udf_map_op
+
+    name = "DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY"
+    current = getattr(plan_udf_map_op, name)
+    if n > current:
+        setattr(plan_udf_map_op, name, n)
+
+
 def map_stage(
     ds: ray.data.Dataset,
     build: Callable[..., Stage],
@@ -104,9 +125,13 @@ def map_stage(
     then: list[StageSpec] | None = None,
     batch_size: int | None = None,
     max_concurrent_batches: int | None = None,
+    batches_per_task: int | None = None,
 ) -> ray.data.Dataset:
     """Append one stage (and the stages in ``then``, run in the same actor) as an
-    actor-pool operator. ``build(*args)`` runs inside each actor."""
+    actor-pool operator. ``build(*args)`` runs inside each actor.
+
+    ``max_concurrent_batches`` is the tasks (blocks) an async actor works on at once;
+    ``batches_per_task`` the batches Ray Data awaits together within one task."""
     udf = AsyncStageUDF if is_async else StageUDF
     size = ray_cfg.actors
     # LLM stages keep a fixed pool (their concurrency budget is split across it); CPU
@@ -116,6 +141,8 @@ def map_stage(
         # Async stages: several tasks of one actor await their requests together.
         strategy_kw["max_tasks_in_flight_per_actor"] = max_concurrent_batches
         strategy_kw["max_concurrent_calls_per_actor"] = max_concurrent_batches
+    if batches_per_task:
+        await_batches_per_task(batches_per_task)
     return ds.map_batches(
         udf,
         fn_constructor_args=([(build, args), *(then or [])],),
