@@ -64,8 +64,27 @@ class Batcher:
         try:
             self._maybe_send()
             return await future
-        finally:
-            self._blocked -= 1
+        except BaseException:
+            if not future.done():  # cancelled while waiting: no longer blocked
+                future.cancel()
+                self._blocked -= 1
+            raise
+
+    def _deliver(
+        self, future: asyncio.Future[LLMResult], result: LLMResult | BaseException
+    ) -> None:
+        """Hand a row its result. It stops counting as blocked now, not when its task
+        next runs: a row that asks again at once must wait for the others' next
+        requests rather than go out alone."""
+        if future.done():
+            return
+        if isinstance(result, asyncio.CancelledError):
+            future.cancel()
+        elif isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+        self._blocked -= 1
 
     def _maybe_send(self) -> None:
         if self._queue and self._blocked >= self._active:
@@ -82,13 +101,11 @@ class Batcher:
         try:
             async for result in self._backend.run(requests):
                 for future in futures.pop(result.request_id, []):
-                    if not future.done():
-                        future.set_result(result)
+                    self._deliver(future, result)
         except BaseException as exc:  # a bug (or cancellation): every waiting row sees it
             for waiting in futures.values():
                 for future in waiting:
-                    if not future.done():
-                        future.set_exception(exc)
+                    self._deliver(future, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
@@ -98,8 +115,7 @@ class Batcher:
                 row_id=rid,
             )
             for future in waiting:
-                if not future.done():
-                    future.set_result(LLMResult(rid, error=err))
+                self._deliver(future, LLMResult(rid, error=err))
 
     async def aclose(self) -> None:
         """Cancel the runs still going (their rows are cancelled with them)."""
