@@ -155,7 +155,7 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
     bad sampling option, broken template) stops the run with its key path before any
     Ray work, instead of surfacing as a dead actor."""
     from factory.domain import load_domain
-    from factory.stages.llm_stage import build_client
+    from factory.stages.llm_stage import build_backend_for
 
     assert cfg.llm is not None and cfg.amplify is not None
     domain = load_domain(cfg)
@@ -172,7 +172,7 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
         PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
         models.add(cfg.prefilter.model or cfg.llm.model)
     for model in sorted(models):
-        build_client(cfg, model)  # resolves keys and sampling; opens no connection
+        build_backend_for(cfg, model)  # backend, options, keys, sampling; opens no connection
     return template
 
 

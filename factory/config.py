@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +53,8 @@ __all__ = [
     "load_recipe",
     "resolve_recipe_path",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "recipe.schema.json"
 
@@ -167,9 +170,17 @@ class LLMConfig(_Strict):
         description="temperature, top_p, max_tokens / max_completion_tokens, "
         "reasoning_effort, seed.",
     )
-    transport: Literal["aiohttp", "openai"] = Field(
+    backend: str = Field(
         "aiohttp",
-        description="HTTP client: aiohttp (lean, ~3x less CPU per call) or the openai SDK.",
+        description="How requests reach the model (factory.llm.backends): aiohttp (lean HTTP, "
+        "~3x less CPU per call), openai (the openai SDK), or a plug-in's name.",
+    )
+    backend_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the chosen backend, checked by its config model.",
+    )
+    transport: Literal["aiohttp", "openai"] | None = Field(
+        None, description="Deprecated: the old name of llm.backend (same values)."
     )
     concurrency: int = Field(64, ge=1, description="Requests in flight across all actors.")
     per_actor_concurrency: int = Field(32, ge=1, description="Requests in flight per actor.")
@@ -577,12 +588,30 @@ def _semantic_checks(cfg: RecipeConfig) -> None:
             raise ConfigError("the amplify pipeline needs an llm section", key_path="llm")
         if cfg.amplify is None:
             raise ConfigError("the amplify pipeline needs an amplify section", key_path="amplify")
+    if cfg.llm is not None and cfg.llm.transport is not None:
+        _migrate_transport(cfg.llm)
     if cfg.llm is not None and cfg.llm.per_actor_concurrency > cfg.llm.concurrency:
         raise ConfigError(
             f"per-actor limit {cfg.llm.per_actor_concurrency} exceeds the global "
             f"limit {cfg.llm.concurrency}",
             key_path="llm.per_actor_concurrency",
         )
+
+
+def _migrate_transport(llm: LLMConfig) -> None:
+    """``llm.transport`` (before issue 9) still chooses the backend, with a warning."""
+    if "backend" in llm.model_fields_set and llm.backend != llm.transport:
+        raise ConfigError(
+            f"llm.transport ({llm.transport}) contradicts llm.backend ({llm.backend}); "
+            "llm.transport is deprecated: delete it and keep llm.backend",
+            key_path="llm.transport",
+        )
+    assert llm.transport is not None
+    log.warning(
+        "llm.transport is deprecated; write `backend: %s` in the recipe's llm section instead",
+        llm.transport,
+    )
+    llm.backend = llm.transport
 
 
 def _input_path(raw: Any, loc: tuple[Any, ...], *, missing: bool) -> str:

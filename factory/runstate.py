@@ -91,6 +91,8 @@ RESUMABLE = (
     "amplify.max_calls",
     "amplify.target",
     "llm.endpoints",
+    "llm.backend",
+    "llm.backend_options",
     "llm.transport",
     "llm.concurrency",
     "llm.per_actor_concurrency",

@@ -260,6 +260,7 @@ def test_never_sent_before_the_request_deadline_is_unavailable_not_failed() -> N
 
 
 def test_unavailable_rows_are_unissued_not_failed() -> None:
+    from factory.llm.backends import LLMRequest, OnlineBackend
     from factory.stages.base import UNISSUED, make_row
     from factory.stages.llm_stage import LLMStage
 
@@ -268,17 +269,19 @@ def test_unavailable_rows_are_unissued_not_failed() -> None:
         requires = ()
 
         async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
-            await self.call(row, MESSAGES, "rid")
+            await self.call(row, LLMRequest("rid", MESSAGES))
             return row
 
-    class Down:
+    class Down(OnlineBackend):
+        model = "m"
+
         async def complete(self, messages: Any, *, request_id: str) -> Completion:
             err = errors.LLMUnavailable("no endpoint")
             err.attempts = 0  # type: ignore[attr-defined]
             raise err
 
     stage = Stage()
-    stage.client = Down()  # type: ignore[assignment]
+    stage.backend = Down()
     row = asyncio.run(stage.arun_one(make_row()))
     assert row["status"] == UNISSUED and row["reason"] == "llm_unavailable"
 

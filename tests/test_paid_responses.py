@@ -112,7 +112,7 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
                 [{"status": "ok", "call_index": i, "id": None} for i in range(12)]
             )
         finally:
-            await stage.client.aclose()  # on the loop that opened its sessions
+            await stage.backend.aclose()  # on the loop that opened its sessions
 
     rows = asyncio.run(calls())
     assert stage.cache is not None

@@ -8,6 +8,7 @@ from typing import Any
 
 from factory.config import load_recipe
 from factory.llm import Completion
+from factory.llm.backends import OnlineBackend
 from factory.stages.base import FAILED, OK, make_row
 
 from .conftest import ROOT
@@ -15,8 +16,10 @@ from .conftest import ROOT
 CFG = load_recipe(ROOT / "pipelines" / "airline.yaml")
 
 
-class Judge:
+class Judge(OnlineBackend):
     """Answers from a script, one text per request, and records the request ids."""
+
+    model = "m"
 
     def __init__(self, *answers: str) -> None:
         self.answers = list(answers)
@@ -48,7 +51,7 @@ def judge_row(*answers: str, requests: int = 3) -> tuple[dict[str, Any], Judge]:
     stage.verdict_requests = requests
     stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
     judge = Judge(*answers)
-    stage.client = judge  # type: ignore[assignment]
+    stage.backend = judge
     seed = json.loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0])
     row = make_row(record=parse_record(seed, source="t:0").to_json())
     return asyncio.run(stage.arun_one(row)), judge

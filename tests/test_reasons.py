@@ -18,6 +18,7 @@ import pytest
 from factory.config import load_recipe
 from factory.errors import LLMBadRequest, LLMRateLimited, LLMServerError, LLMTimeout
 from factory.export import check_structure
+from factory.llm.backends import OnlineBackend
 from factory.readers import records_from_bytes
 from factory.reasons import REASONS
 from factory.stages.base import Stage, make_row
@@ -71,8 +72,10 @@ def structure(convs: list[tuple[str, str]]) -> str:
     return issues[0].code
 
 
-class ScriptedClient:
+class ScriptedClient(OnlineBackend):
     """Answers with a fixed text or raises a fixed error (the stage's LLM boundary)."""
+
+    model = "m"
 
     def __init__(self, outcome: Any):
         self.outcome = outcome
@@ -104,7 +107,7 @@ def via_prefilter(outcome: Any) -> str:
     from factory.prompts import PromptTemplate
 
     stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
-    stage.client = ScriptedClient(outcome)  # type: ignore[assignment]
+    stage.backend = ScriptedClient(outcome)
     from factory.formats import parse_record
 
     traj = parse_record(SEED, source="t:0")

@@ -1,14 +1,17 @@
 """Async LLM client layer: parameters per model family, pricing, retries, routing.
 
-``LLMClient.complete`` is the one call a pipeline stage makes; the rest are its
-parts, importable on their own for planning (``PriceTable``), tests and stats.
-No Ray here: actors build an ``LLMClient`` once and await it per row.
+A pipeline stage calls a backend (``factory.llm.backends``: the protocol and the
+registry ``llm.backend`` chooses from); the HTTP backends are built on
+``LLMClient.complete``, and the rest are its parts, importable on their own for
+planning (``PriceTable``), tests and stats. No Ray here: actors build a backend
+once and feed it their rows.
 """
 
 from __future__ import annotations
 
-from factory.llm.client import Completion, LLMClient, openai_client_factory, translate_error
+from factory.llm.client import Completion, LLMClient, openai_client_factory
 from factory.llm.deadline import AttemptDeadline
+from factory.llm.errormap import translate_error
 from factory.llm.params import RequestParams, build_request, model_family, resolve_params
 from factory.llm.pool import CircuitState, Endpoint, EndpointPool, EndpointStats, Lease
 from factory.llm.pricing import DEFAULT_PRICES, PRICES_AS_OF, Price, PriceTable, cost

@@ -8,10 +8,11 @@ retries what is retryable (``retry.call_with_retry``), and returns a
 
 The openai SDK is the transport: one ``AsyncOpenAI`` per endpoint, built once
 through an injectable ``client_factory``, with the SDK's own retries off
-(``max_retries=0``) so there is exactly one retry loop with one policy. SDK
-exceptions are translated into ``factory.errors`` at this boundary, most
-specific first and chained with ``from`` (as httpx maps httpcore errors);
-messages carry neither the key nor the payload.
+(``max_retries=0``) so there is exactly one retry loop with one policy. A
+transport's exceptions (the SDK's, or the aiohttp transport's) are translated
+into ``factory.errors`` at this boundary by the one error map
+(``factory.llm.errormap``), chained with ``from``; messages carry neither the
+key nor the payload.
 """
 
 from __future__ import annotations
@@ -30,21 +31,20 @@ import openai
 
 from factory.errors import (
     ConfigError,
-    LLMBadRequest,
     LLMError,
     LLMRateLimited,
     LLMServerError,
     LLMTimeout,
     LLMUnavailable,
-    short,
 )
 from factory.llm.deadline import AttemptDeadline
+from factory.llm.errormap import translate_error
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
 from factory.llm.pricing import Price, cost
-from factory.llm.retry import RetryPolicy, call_with_retry, parse_retry_after
-from factory.secrets import PLACEHOLDER_KEY, api_key_from_env, redact
+from factory.llm.retry import RetryPolicy, call_with_retry
+from factory.secrets import PLACEHOLDER_KEY, api_key_from_env
 
 __all__ = [
     "ClientFactory",
@@ -155,69 +155,6 @@ def _check_key_isolation(endpoints: tuple[Endpoint, ...]) -> None:
                 "belongs to a remote endpoint; give it its own variable or none",
                 key_path="llm.endpoints.api_key_env",
             )
-
-
-def _detail(exc: openai.APIError) -> str:
-    body = exc.body
-    message = body.get("message") if isinstance(body, dict) else None
-    return short(redact(str(message if isinstance(message, str) else exc.message)), 200)
-
-
-def translate_error(exc: BaseException, endpoint: str) -> LLMError | None:
-    """Map an SDK / asyncio exception onto the factory hierarchy.
-
-    Most specific first: ``APITimeoutError`` is an ``APIConnectionError`` and
-    ``RateLimitError`` an ``APIStatusError``. The caller chains with ``from``.
-
-    Args:
-        exc: what the SDK call raised.
-        endpoint: endpoint name, for the message and ``.endpoint``.
-
-    Returns:
-        The factory error, or ``None`` for exceptions that are not transport
-        failures (programming errors propagate unchanged).
-    """
-    if isinstance(exc, openai.APITimeoutError | asyncio.TimeoutError | TimeoutError):
-        return LLMTimeout(
-            f"{endpoint}: request timed out; raise llm.timeout_s if the model needs longer",
-            endpoint=endpoint,
-        )
-    if isinstance(exc, openai.RateLimitError):
-        retry_after = parse_retry_after(exc.response.headers)
-        hint = f"; server asks to wait {retry_after:.1f}s" if retry_after is not None else ""
-        return LLMRateLimited(
-            f"{endpoint}: HTTP 429 rate limited{hint}: {_detail(exc)}",
-            retry_after=retry_after,
-            endpoint=endpoint,
-            status=429,
-        )
-    if isinstance(exc, openai.APIConnectionError):
-        return LLMServerError(
-            f"{endpoint}: connection failed: {short(redact(str(exc)), 200)}", endpoint=endpoint
-        )
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        if status == 429:  # a 429 the SDK did not type as RateLimitError
-            retry_after = parse_retry_after(exc.response.headers)
-            return LLMRateLimited(
-                f"{endpoint}: HTTP 429 rate limited: {_detail(exc)}",
-                retry_after=retry_after,
-                endpoint=endpoint,
-                status=429,
-            )
-        if isinstance(exc, openai.InternalServerError) or status in (408, 409) or status >= 500:
-            return LLMServerError(
-                f"{endpoint}: HTTP {status}: {_detail(exc)}", endpoint=endpoint, status=status
-            )
-        return LLMBadRequest(
-            f"{endpoint}: HTTP {status}: {_detail(exc)}; retrying will not "
-            "help, check the model name, key and request parameters",
-            endpoint=endpoint,
-            status=status,
-        )
-    if isinstance(exc, openai.APIError):  # e.g. a response that does not match the schema
-        return LLMServerError(f"{endpoint}: unusable response: {_detail(exc)}", endpoint=endpoint)
-    return None
 
 
 def _request_header(request_id: str) -> str:
@@ -465,7 +402,7 @@ class LLMClient:
             self._pool.release(lease, None, self._clock() - sent)
             raise
         except Exception as exc:
-            err = exc if isinstance(exc, LLMError) else translate_error(exc, name)
+            err = translate_error(exc, name)
             if err is None:  # not a transport failure: a bug, surface it as is
                 self._pool.release(lease, True, self._clock() - sent)
                 raise

@@ -11,8 +11,10 @@ one JSON decode per call. ``llm.transport: openai`` keeps the SDK.
 It plugs into ``LLMClient`` through ``client_factory`` and mimics the small part
 of the SDK surface the client reads (``chat.completions.create`` returning an
 object with ``choices[0].message``, ``usage``, ``model``, ``system_fingerprint``).
-HTTP failures are raised directly as factory errors, so ``LLMClient`` needs no
-translation for them; timeouts are enforced by ``LLMClient`` itself.
+HTTP failures are raised as foreign errors (``aiohttp.ClientError``,
+``errormap.HTTPStatusFailure``, ``errormap.UnusableResponse``) and translated by
+``LLMClient`` with the one error map that also translates the SDK's
+(``factory.llm.errormap``); timeouts are enforced by ``LLMClient`` itself.
 """
 
 from __future__ import annotations
@@ -23,10 +25,8 @@ from typing import Any
 
 import aiohttp
 
-from factory.errors import LLMBadRequest, LLMRateLimited, LLMServerError, short
+from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
 from factory.llm.pool import Endpoint
-from factory.llm.retry import parse_retry_after
-from factory.secrets import redact
 
 __all__ = ["HTTPChatClient", "aiohttp_client_factory"]
 
@@ -71,54 +71,21 @@ class HTTPChatClient:
         headers = {**self._headers, **(kwargs.get("extra_headers") or {})}
         payload = {k: v for k, v in kwargs.items() if k != "extra_headers"}  # kwargs is reused
         body = json.dumps(payload, ensure_ascii=False).encode()
-        try:
-            async with self._get_session().post(self.url, data=body, headers=headers) as resp:
-                raw = await resp.read()
-                status = resp.status
-                resp_headers = resp.headers
-        except aiohttp.ClientError as exc:
-            raise LLMServerError(
-                f"{self.name}: connection failed: {short(redact(str(exc)), 200)}",
-                endpoint=self.name,
-            ) from exc
+        async with self._get_session().post(self.url, data=body, headers=headers) as resp:
+            raw = await resp.read()
+            status = resp.status
+            resp_headers = resp.headers
         if status >= 400:
-            raise _status_error(self.name, status, raw, resp_headers)
+            raise HTTPStatusFailure(status, raw, resp_headers)
         try:
             return _namespace(json.loads(raw))
         except ValueError as exc:
-            text = short(redact(raw.decode("utf-8", "replace")), 120)
-            raise LLMServerError(
-                f"{self.name}: unusable response (not JSON): {text}", endpoint=self.name
-            ) from exc
+            # a prefix only: the error map shows 120 characters of it, redacted
+            raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-
-def _status_error(name: str, status: int, raw: bytes, headers: Any) -> Exception:
-    try:
-        detail = json.loads(raw).get("error", {}).get("message") or ""
-    except (ValueError, AttributeError):
-        detail = raw.decode("utf-8", "replace")
-    detail = short(redact(str(detail)), 200)
-    if status == 429:
-        retry_after = parse_retry_after(headers)
-        hint = f"; server asks to wait {retry_after:.1f}s" if retry_after is not None else ""
-        return LLMRateLimited(
-            f"{name}: HTTP 429 rate limited{hint}: {detail}",
-            retry_after=retry_after,
-            endpoint=name,
-            status=429,
-        )
-    if status in (408, 409) or status >= 500:
-        return LLMServerError(f"{name}: HTTP {status}: {detail}", endpoint=name, status=status)
-    return LLMBadRequest(
-        f"{name}: HTTP {status}: {detail}; retrying will not help, check the model name, key "
-        "and request parameters",
-        endpoint=name,
-        status=status,
-    )
 
 
 def aiohttp_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> HTTPChatClient:

@@ -24,7 +24,7 @@ from factory.config import RecipeConfig
 from factory.domain import Domain, load_domain
 from factory.grounding import render_scenario
 from factory.prompts import PromptTemplate
-from factory.stages.llm_stage import LLMStage, build_client, request_id
+from factory.stages.llm_stage import LLMStage, build_backend_for, render
 from factory.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class AmplifyStage(LLMStage):
         self.scenario_seed = cfg.amplify.seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
         self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})
-        self.client = build_client(cfg, self.model)
+        self.backend = build_backend_for(cfg, self.model)
         self.attach(cfg)
         self.start = start
 
@@ -129,10 +129,10 @@ class AmplifyStage(LLMStage):
             scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
             extra["scenario_json"] = render_scenario(scenario)
         prompt = self.template.render(self.seeds[seed_id], variation=variation, **extra)
-        rid = request_id(
+        request = render(
             "amplify", self.model, self.sampling, prompt.messages, seed=seed_id, variation=variation
         )
-        await self.call(row, prompt.messages, rid)
+        await self.call(row, request)
         return row
 
 

@@ -1,5 +1,16 @@
-"""What every LLM stage shares: building the client from the recipe, request ids,
-and recording a completion (or its failure) on the row."""
+"""What every LLM stage shares: render -> call -> record (issue 9, point 3).
+
+A stage renders each row's request (the prompt messages and the request id: pure,
+``render``), the backend the recipe names makes it (``factory.llm.backends``:
+aiohttp, openai, or a plug-in; online backends get each request inside a
+concurrency slot, batched ones all waiting requests at once through
+``factory.llm.batcher``), and the answer is recorded (``LLMStage.call``: stored in
+the response cache before anything else can fail, counted against the budget,
+usage, cost and retries written on the row by the pure ``record_completion`` /
+``record_failure``). A stage never names a backend: adding one touches none of
+the files here, as Ray Data LLM's processors chain a new engine stage between
+the same tokenize and detokenize stages.
+"""
 
 from __future__ import annotations
 
@@ -16,23 +27,24 @@ from typing import Any
 from factory import watchdog
 from factory.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.config import RecipeConfig
-from factory.errors import LLMError, LLMUnavailable, describe_os_error
-from factory.llm import (
-    AttemptDeadline,
-    Completion,
-    Endpoint,
-    EndpointPool,
-    LLMClient,
-    PriceTable,
-    RetryPolicy,
-    openai_client_factory,
-)
-from factory.llm.http import aiohttp_client_factory
+from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
+from factory.llm import Completion, PriceTable
+from factory.llm.backends import Backend, LLMRequest, OnlineBackend, build_backend
+from factory.llm.batcher import Batcher
 from factory.secrets import redact
 from factory.stages.base import UNISSUED, Stage, fail
 from factory.trajectory import canonical_json
 
-__all__ = ["LLMStage", "build_client", "per_actor_concurrency", "request_id"]
+__all__ = [
+    "LLMStage",
+    "build_backend_for",
+    "build_client",
+    "per_actor_concurrency",
+    "record_completion",
+    "record_failure",
+    "render",
+    "request_id",
+]
 
 
 def open_cache(cfg: RecipeConfig) -> ResponseCache | None:
@@ -69,44 +81,38 @@ def per_actor_concurrency(cfg: RecipeConfig) -> int:
     )
 
 
-def build_client(cfg: RecipeConfig, model: str) -> LLMClient:
-    """An ``LLMClient`` for ``model`` over the recipe's endpoints (one per actor)."""
+def build_backend_for(cfg: RecipeConfig, model: str) -> Backend:
+    """The backend ``llm.backend`` names, for ``model`` (one per actor).
+
+    Raises:
+        ConfigError: an unknown backend (naming the choices), bad ``llm.backend_options``,
+            bad sampling options, a missing key (naming its variable).
+    """
     assert cfg.llm is not None
-    llm = cfg.llm
-    pool = EndpointPool(
-        [
-            Endpoint(base_url=e.base_url, api_key_env=e.api_key_env, weight=e.weight)
-            for e in llm.endpoints
-        ]
-    )
-    deadline = AttemptDeadline(
-        llm.timeout_s,
-        floor_s=llm.deadline.floor_s,
-        p99_factor=llm.deadline.p99_factor,
-        min_samples=llm.deadline.min_samples,
-        window=llm.deadline.window,
-        adaptive=llm.deadline.adaptive,
-    )
-    retry = RetryPolicy(
-        max_attempts=llm.retry.max_attempts,
-        base_delay=llm.retry.base_delay_s,
-        max_delay=llm.retry.max_delay_s,
-    )
     prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
-    factory = aiohttp_client_factory if llm.transport == "aiohttp" else openai_client_factory
-    return LLMClient(
-        pool,
+    return build_backend(
+        cfg.llm,
         model,
-        llm.sampling,
         concurrency=per_actor_concurrency(cfg),
-        timeout_s=llm.timeout_s,
-        retry=retry,
-        deadline=deadline,
-        request_deadline_s=llm.deadline.request_s,
         price=prices.lookup(model),
-        client_factory=factory,
         sleep=watchdog.sleep,  # no retry once the run's driver is gone
     )
+
+
+def build_client(cfg: RecipeConfig, model: str) -> OnlineBackend:
+    """An online backend for ``model``: one request at a time (``factory.evaluate``).
+
+    Raises:
+        ConfigError: as ``build_backend_for``, or the backend only takes batches.
+    """
+    backend = build_backend_for(cfg, model)
+    if not isinstance(backend, OnlineBackend):
+        raise ConfigError(
+            f"backend {cfg.llm.backend if cfg.llm else ''!r} only takes batches; choose an "
+            "online one (aiohttp, openai) for this command",
+            key_path="llm.backend",
+        )
+    return backend
 
 
 def request_id(
@@ -127,6 +133,17 @@ def request_id(
         {"stage": stage, "model": model, "sampling": sampling, "prompt": prompt_hash, **identity}
     )
     return f"{stage}-{hashlib.sha256(body.encode()).hexdigest()[:32]}"
+
+
+def render(
+    stage: str,
+    model: str,
+    sampling: dict[str, Any],
+    messages: list[dict[str, str]],
+    **identity: Any,
+) -> LLMRequest:
+    """The request of one row: its messages under their content-derived id (pure)."""
+    return LLMRequest(request_id(stage, model, sampling, messages, **identity), messages)
 
 
 def usage_record(c: Completion) -> dict[str, int]:
@@ -155,14 +172,56 @@ def sum_retries(total: Counter[str], row: dict[str, Any]) -> None:
         total.update(json.loads(row["retries"]))
 
 
-class LLMStage(Stage):
-    """Base of stages that make one LLM call per row."""
+def redacted(c: Completion) -> Completion:
+    """The completion with any secret the model echoed masked: it never reaches a file."""
+    return dataclasses.replace(
+        c, text=redact(c.text), reasoning=redact(c.reasoning) if c.reasoning else None
+    )
 
-    client: LLMClient
+
+def record_completion(row: dict[str, Any], c: Completion, *, cached: bool) -> None:
+    """Write an answer on its row: text, usage, cost, attempts, provenance (pure).
+
+    ``cached_responses`` and ``paid_usd`` add up over the row's requests (a judge may
+    ask again); a replayed answer was paid by an earlier run, so it adds no spend and
+    no retries.
+    """
+    row["cached"] = cached
+    row["cached_responses"] = (row.get("cached_responses") or 0) + int(cached)
+    row["paid_usd"] = (row.get("paid_usd") or 0.0) + (0.0 if cached else c.cost_usd)
+    row.update(
+        completion=c.text,
+        usage=json.dumps(usage_record(c)),
+        cost_usd=c.cost_usd,
+        attempts=c.attempts,
+        latency_s=c.latency_s,
+        endpoint=c.endpoint,
+        fingerprint=c.system_fingerprint,
+    )
+    if not cached:
+        add_retries(row, c.retries)
+
+
+def record_failure(row: dict[str, Any], stage: str, exc: LLMError) -> None:
+    """Write a request that failed after its retries on its row (pure): ``failed``, or
+    ``unissued`` when it was never sent (no endpoint took it: a resume sends it)."""
+    row["attempts"] = getattr(exc, "attempts", None)
+    add_retries(row, getattr(exc, "retries", None))
+    if isinstance(exc, LLMUnavailable):
+        row.update(status=UNISSUED, stage=stage, reason=exc.reason, message=exc.describe())
+    else:
+        fail(row, stage, exc.reason, exc.describe())
+
+
+class LLMStage(Stage):
+    """Base of stages that make LLM calls for their rows (render, then ``call``)."""
+
+    backend: Backend
     cache: ResponseCache | None = None
     budget: Any = None  # the run's BudgetActor handle, when the recipe has caps
     slots: int = 1
     _slots: asyncio.Semaphore | None = None
+    _batcher: Batcher | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cache_error: str | None = None  # set by the first failed cache write: no new call starts
 
@@ -173,14 +232,35 @@ class LLMStage(Stage):
         self.slots = per_actor_concurrency(cfg)
 
     def close(self) -> None:
-        """Close the cache and the client's HTTP sessions (on the loop that opened them)."""
+        """Close the cache and the backend's sessions (on the loop that opened them)."""
         if self.cache is not None:
             self.cache.close()
         loop = self._loop
         if loop is not None and loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.client.aclose(), loop).result(timeout=5)
+            asyncio.run_coroutine_threadsafe(self._aclose(), loop).result(timeout=5)
         elif loop is None or loop.is_closed():
-            asyncio.run(self.client.aclose())
+            asyncio.run(self._aclose())
+
+    async def _aclose(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.aclose()
+        await self.backend.aclose()
+
+    async def arun_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.backend.batched:
+            return await super().arun_rows(rows)
+        if self._batcher is None:
+            self._batcher = Batcher(self.backend)
+        batcher = self._batcher
+        batcher.enter(len(rows))  # the batch goes out once all of them wait or are done
+
+        async def one(row: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return await self.arun_one(row)
+            finally:
+                batcher.leave()
+
+        return list(await asyncio.gather(*(one(r) for r in rows)))
 
     async def _spend(self, c: Completion) -> None:
         if self.budget is not None:
@@ -205,83 +285,79 @@ class LLMStage(Stage):
                 {"request_id": rid, "record": record, "error": self._cache_error}
             )
 
-    async def call(
-        self, row: dict[str, Any], messages: list[dict[str, str]], rid: str
-    ) -> Completion | None:
-        """Make the call (or replay it from the cache) and record it on ``row``.
+    async def _admit(self, row: dict[str, Any]) -> bool:
+        """May a new request start? Not when the driver is gone, the cache refused a
+        write (its answer could not be stored) or a budget cap is reached; then the row
+        is ``unissued``. A request is counted against the caps only when it starts."""
+        watchdog.check()  # the driver is gone: no new request
+        if self._cache_error is not None:
+            row.update(
+                status=UNISSUED,
+                stage=self.name,
+                reason="cache_write",
+                message=f"not sent: the cache refused a write ({self._cache_error})",
+            )
+            return False
+        if self.budget is not None and not await self.budget.try_start.remote():
+            row.update(
+                status=UNISSUED,
+                stage=self.name,
+                reason="budget",
+                message="a budget cap was reached before this call started",
+            )
+            return False
+        return True
 
-        Returns None when the row failed (after retries) or a budget cap stopped the
-        call before it started (status ``unissued``).
+    async def _send(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
+        """Admit, send and keep one request: the answer is stored and spent before it is
+        returned; None when the row did not get one (unissued or failed)."""
+        if not await self._admit(row):
+            return None
+        if self._batcher is not None:
+            result = await self._batcher.submit(request)
+        else:
+            results = [r async for r in self.backend.run([request])]
+            if len(results) != 1 or results[0].request_id != request.request_id:
+                raise RuntimeError(
+                    f"backend {type(self.backend).__name__} answered {len(results)} results "
+                    "for one request"
+                )
+            result = results[0]
+        if result.error is not None:
+            record_failure(row, self.name, result.error)
+            return None
+        assert result.completion is not None
+        c = redacted(result.completion)
+        if self.cache is not None:  # persisted before anything else can go wrong
+            self._store(row, request.request_id, c)
+        await self._spend(c)  # (online: inside the slot, so the next call sees this cost)
+        return c
+
+    async def call(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
+        """Make the request (or replay it from the cache) and record it on ``row``.
+
+        Returns None when the row failed (after retries) or the call was never started
+        (status ``unissued``: a budget cap, a refused cache write, no endpoint).
         """
         self._loop = asyncio.get_running_loop()
         watchdog.note_loop(self._loop)
-        row["request_id"] = rid
-        record = self.cache.get(rid) if self.cache is not None else None
+        row["request_id"] = request.request_id
+        record = self.cache.get(request.request_id) if self.cache is not None else None
         if record is not None:
-            c = completion_from_record(record)
-            row["cached"] = True
+            c: Completion | None = completion_from_record(record)
+            assert c is not None
+            await self._spend(c)  # paid by an earlier run; counts towards the caps
+            record_completion(row, c, cached=True)
+            return c
+        if self.backend.batched:
+            c = await self._send(row, request)
         else:
-            # Take a concurrency slot first, then ask the budget: a call is counted
-            # against the caps only when it really starts, so at most the calls in
+            # Take a concurrency slot first, then ask the budget: at most the calls in
             # flight can overshoot a cap.
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.slots)
             async with self._slots:
-                watchdog.check()  # the driver is gone: no new request
-                if self._cache_error is not None:  # an answer now could not be stored
-                    row.update(
-                        status=UNISSUED,
-                        stage=self.name,
-                        reason="cache_write",
-                        message=f"not sent: the cache refused a write ({self._cache_error})",
-                    )
-                    return None
-                if self.budget is not None and not await self.budget.try_start.remote():
-                    row.update(
-                        status=UNISSUED,
-                        stage=self.name,
-                        reason="budget",
-                        message="a budget cap was reached before this call started",
-                    )
-                    return None
-                try:
-                    c = await self.client.complete(messages, request_id=rid)
-                    # A model may echo a secret it was shown; it never reaches a file.
-                    c = dataclasses.replace(
-                        c,
-                        text=redact(c.text),
-                        reasoning=redact(c.reasoning) if c.reasoning else None,
-                    )
-                except LLMError as exc:
-                    row["attempts"] = getattr(exc, "attempts", None)
-                    add_retries(row, getattr(exc, "retries", None))
-                    if isinstance(exc, LLMUnavailable):  # never sent: not a failed row
-                        row.update(
-                            status=UNISSUED,
-                            stage=self.name,
-                            reason=exc.reason,
-                            message=exc.describe(),
-                        )
-                        return None
-                    fail(row, self.name, exc.reason, exc.describe())
-                    return None
-                if self.cache is not None:  # persisted before anything else can go wrong
-                    self._store(row, rid, c)
-                await self._spend(c)  # inside the slot: the next call sees this cost
-            row["cached"] = False
-        if row["cached"]:
-            await self._spend(c)  # paid by an earlier run; counts towards the caps
-        row["cached_responses"] = (row.get("cached_responses") or 0) + int(row["cached"])
-        row["paid_usd"] = (row.get("paid_usd") or 0.0) + (0.0 if row["cached"] else c.cost_usd)
-        row.update(
-            completion=c.text,
-            usage=json.dumps(usage_record(c)),
-            cost_usd=c.cost_usd,
-            attempts=c.attempts,
-            latency_s=c.latency_s,
-            endpoint=c.endpoint,
-            fingerprint=c.system_fingerprint,
-        )
-        if row["cached"] is False:
-            add_retries(row, c.retries)
+                c = await self._send(row, request)
+        if c is not None:
+            record_completion(row, c, cached=False)
         return c

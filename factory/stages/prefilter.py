@@ -23,7 +23,7 @@ from factory.errors import RepairError
 from factory.prompts import PromptTemplate
 from factory.repair import parse_json_value
 from factory.stages.base import fail, reject
-from factory.stages.llm_stage import LLMStage, add_retries, build_client, request_id
+from factory.stages.llm_stage import LLMStage, add_retries, build_backend_for, render
 from factory.trajectory import Trajectory
 
 __all__ = ["PrefilterStage", "build_prefilter", "parse_verdict"]
@@ -57,7 +57,7 @@ class PrefilterStage(LLMStage):
             cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"
         )
         self.verdict_requests = cfg.prefilter.verdict_requests
-        self.client = build_client(cfg, self.model)
+        self.backend = build_backend_for(cfg, self.model)
         self.attach(cfg)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -68,10 +68,10 @@ class PrefilterStage(LLMStage):
         verdict: dict[str, Any] | None = None
         for n in range(self.verdict_requests):
             retry = {"verdict_retry": n} if n else {}  # the first id is the one it always was
-            rid = request_id(
+            request = render(
                 "prefilter", self.model, self.sampling, prompt.messages, seed=traj.id, **retry
             )
-            completion = await self.call(row, prompt.messages, rid)
+            completion = await self.call(row, request)
             if completion is not None:  # a completed request: its spend stays counted
                 usage.update(json.loads(row["usage"]))
                 cost += float(row["cost_usd"] or 0.0)

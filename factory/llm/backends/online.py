@@ -1,0 +1,77 @@
+"""What the two HTTP backends share: an ``LLMClient`` over the recipe's endpoint pool.
+
+The ``aiohttp`` and ``openai`` backends differ only in the transport that carries
+a request (``LLMClient``'s ``client_factory``); routing, circuit breakers,
+retries, deadlines and the adaptive limiter are the client's, the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from factory.llm.backends.base import BackendSetup, OnlineBackend
+from factory.llm.client import ClientFactory, Completion, LLMClient
+from factory.llm.deadline import AttemptDeadline
+from factory.llm.pool import Endpoint, EndpointPool
+from factory.llm.retry import RetryPolicy
+
+__all__ = ["ClientBackend", "build_llm_client"]
+
+
+def build_llm_client(setup: BackendSetup, client_factory: ClientFactory) -> LLMClient:
+    """An ``LLMClient`` for ``setup.model`` over the recipe's endpoints (one per actor).
+
+    Raises:
+        ConfigError: bad sampling options, a missing key (naming its variable) ...
+    """
+    llm = setup.llm
+    pool = EndpointPool(
+        [
+            Endpoint(base_url=e.base_url, api_key_env=e.api_key_env, weight=e.weight)
+            for e in llm.endpoints
+        ]
+    )
+    deadline = AttemptDeadline(
+        llm.timeout_s,
+        floor_s=llm.deadline.floor_s,
+        p99_factor=llm.deadline.p99_factor,
+        min_samples=llm.deadline.min_samples,
+        window=llm.deadline.window,
+        adaptive=llm.deadline.adaptive,
+    )
+    retry = RetryPolicy(
+        max_attempts=llm.retry.max_attempts,
+        base_delay=llm.retry.base_delay_s,
+        max_delay=llm.retry.max_delay_s,
+    )
+    return LLMClient(
+        pool,
+        setup.model,
+        llm.sampling,
+        concurrency=setup.concurrency,
+        timeout_s=llm.timeout_s,
+        retry=retry,
+        deadline=deadline,
+        request_deadline_s=llm.deadline.request_s,
+        price=setup.price,
+        client_factory=client_factory,
+        sleep=setup.sleep,
+    )
+
+
+class ClientBackend(OnlineBackend):
+    """An online backend whose requests go through an ``LLMClient``."""
+
+    def __init__(self, client: LLMClient):
+        self.client = client
+        self.model = client.model
+
+    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+        return await self.client.complete(messages, request_id=request_id)
+
+    def totals(self) -> Mapping[str, float]:
+        return self.client.totals()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
