@@ -25,9 +25,9 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
+from factory.core.trajectory import canonical_json
+from factory.core.yamlfile import parse_yaml
 from factory.errors import ConfigError, short
-from factory.trajectory import canonical_json
-from factory.yamlfile import parse_yaml
 
 __all__ = [
     "SCHEMA_PATH",
