@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factory.core.labels import GROUPS, group_for
-from factory.core.mixture import IntSet, Mixture, Quota, Selection, select
+from factory.core.mixture import IntSet, Mixture, Quota
+from factory.core.selection import Selection, select
 from factory.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from factory.config import RecipeConfig
-from factory.core.mixture import Mixture, select
+from factory.core.mixture import Mixture
+from factory.core.selection import select
 from factory.engine.collect import Collector
 from factory.engine.console import top_reasons
 from factory.engine.prompts import PromptTemplate, estimate_tokens

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from factory.config import RecipeConfig
-from factory.core.mixture import Mixture, Selection, select
+from factory.core.mixture import Mixture
+from factory.core.selection import Selection, select
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.errors import SeedError
 from factory.io.writer import RejectWriter, ShardWriter, write_dataset_info
