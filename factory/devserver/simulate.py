@@ -20,6 +20,12 @@ simulator: the call is executed on the given state slice in the world of
 the domain whose state it is (the first registered domain that accepts it)
 and the answer is the real observation and the exact Δ, so a metric run
 against the devserver must score 100% unless a defect is switched on.
+
+One module on purpose (about 880 lines): it is the one simulated model the app
+calls as ``simulate.<answer>``. Half of it is the reference compiler and the
+renamer, which share the vocabulary and the compiled template's private types;
+the simulation, judge and content-defect answers (about 220 lines) read the
+same references and prompt blocks.
 """
 
 from __future__ import annotations
