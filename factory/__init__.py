@@ -11,7 +11,14 @@ import Ray, aiohttp or the OpenAI SDK.
 from __future__ import annotations
 
 from factory.config import RecipeConfig, load_recipe
-from factory.delta import apply, diff
+from factory.core.delta import apply, diff
+from factory.core.export import check_structure, normalize, to_sharegpt
+from factory.core.formats import parse_record
+from factory.core.reasons import REASONS, Issue
+from factory.core.repair import parse_arguments, parse_json_value, parse_observation
+from factory.core.rules import DomainRules
+from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.validate import validate, validate_calls
 from factory.errors import (
     BudgetExceeded,
     ConfigError,
@@ -27,14 +34,7 @@ from factory.errors import (
     SeedFormatError,
     ValidationError,
 )
-from factory.export import check_structure, normalize, to_sharegpt
-from factory.formats import parse_record
-from factory.readers import RawRecord, SeedReject, iter_records, read_seeds
-from factory.reasons import REASONS, Issue
-from factory.repair import parse_arguments, parse_json_value, parse_observation
-from factory.rules import DomainRules
-from factory.trajectory import ToolCall, Trajectory, Turn
-from factory.validate import validate, validate_calls
+from factory.io.readers import RawRecord, SeedReject, iter_records, read_seeds
 
 __version__ = "0.1.0"
 

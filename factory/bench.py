@@ -10,7 +10,7 @@ median) server and reports each ratio to its own limit C / mean latency.
 ``amplify``: throughput and memory of the amplification job.
 
 Starts the development server in its own process with latency L and
-concurrency C, builds a seed set of the requested size from the shipped airline
+concurrency C, builds a seed set of the requested size from the recipe's own
 seeds (variants made by the devserver's own renaming, so every seed is valid and
 distinct), runs the real ``amplify`` pipeline to the target, and reports:
 
@@ -21,6 +21,12 @@ distinct), runs the real ``amplify`` pipeline to the target, and reports:
 
 It is a benchmark, not a test: numbers depend on the machine. The limit C/L is
 measured in the same run by the same server, so the ratio is comparable.
+
+``--recipe`` names the amplification recipe (a path, or a name under ``pipelines/``
+as for ``factory.run``). Without it the benchmark takes the one ``amplify`` recipe
+shipped in ``pipelines/`` (today ``pipelines/airline.yaml``), so the engine names no
+domain; once a second domain ships one, ``--recipe`` is required and the error
+lists the candidates.
 """
 
 from __future__ import annotations
@@ -41,19 +47,57 @@ from typing import Any
 
 import psutil
 
+from factory.config import resolve_recipe_path
+from factory.errors import ConfigError
+
 __all__ = ["main", "make_seeds"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_seeds(n: int, out: Path, *, seed: int = 0) -> Path:
-    """Write ``n`` distinct valid seeds (the shipped ones plus renamed variants)."""
+def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
+    """The one ``amplify`` recipe shipped in ``pipelines/`` (the default of ``--recipe``).
+
+    Raises:
+        ConfigError: none, or more than one, is shipped (pass ``--recipe``).
+    """
+    from factory.config import load_recipe
+
+    found = [
+        path for path in sorted(pipelines.glob("*.yaml")) if load_recipe(path).pipeline == "amplify"
+    ]
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or f"none in {pipelines}"
+        raise ConfigError(f"pass --recipe: amplify recipes shipped: {names}", key_path="recipe")
+    return found[0]
+
+
+def recipe_seed_files(recipe: Path) -> list[str]:
+    """The seed files the recipe itself reads (``seeds.path``: a file, folder or glob).
+
+    Raises:
+        ConfigError: the recipe names no seed files (a Hugging Face dataset instead).
+    """
+    from factory.config import load_recipe
+    from factory.engine.pipeline import expand_seed_paths
+
+    cfg = load_recipe(recipe)
+    if cfg.seeds is None or cfg.seeds.path is None:
+        raise ConfigError("the benchmark needs seed files (seeds.path)", key_path="seeds.path")
+    return expand_seed_paths(cfg)
+
+
+def make_seeds(n: int, out: Path, *, recipe: Path, seed: int = 0) -> Path:
+    """Write ``n`` distinct valid seeds (the recipe's own ones plus renamed variants)."""
+    from factory.core.formats import parse_record
+    from factory.core.formats.completion import render_output
     from factory.devserver.simulate import amplify
-    from factory.formats import parse_record
-    from factory.formats.completion import render_output
 
     base = [
-        json.loads(line) for line in (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()
+        json.loads(line)
+        for path in recipe_seed_files(recipe)
+        for line in Path(path).read_text().splitlines()
+        if line.strip()
     ]
     rng = random.Random(seed)
     with out.open("w") as fh:
@@ -170,15 +214,15 @@ def _latency_args(kind: str, p99_ratio: float) -> list[str]:
 
 def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str, Any]:
     from factory.config import load_recipe
+    from factory.engine.runner import run
     from factory.run import devserver_overrides
-    from factory.runner import run
 
     work = Path(tempfile.mkdtemp(prefix="factory-bench-"))
     # The client keeps a few more requests open than the server serves at once, so the
     # server's queue, not a gap on the client side, decides when a slot is refilled
     # (as one would run against a vLLM server).
     client = args.client_concurrency or math.ceil(1.25 * args.concurrency)
-    seeds = make_seeds(args.seeds, work / "seeds.jsonl")
+    seeds = make_seeds(args.seeds, work / "seeds.jsonl", recipe=args.recipe)
     server, url = _start_server(
         args.latency_ms, args.concurrency, *_latency_args(latency, args.latency_p99_ratio)
     )
@@ -186,7 +230,7 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
     sampler = Sampler(exclude={server.pid}, stats_url=stats_url)
     try:
         cfg = load_recipe(
-            ROOT / "pipelines/airline.yaml",
+            args.recipe,
             [
                 *devserver_overrides(url),
                 f"seeds.path={seeds}",
@@ -302,7 +346,7 @@ def _one_storm_run(
     env.pop("RAY_ADDRESS", None)
     started = time.time()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "factory.run", str(ROOT / "pipelines/airline.yaml"), *sets,
+        [sys.executable, "-m", "factory.run", str(args.recipe), *sets,
          "--output", str(out), "--no-progress"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
@@ -352,7 +396,7 @@ def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
     """The fault storm of issue 8 beside a clean run of the same recipe: the shipped
     recipe's timeout (600 s) and attempts (6), the devserver's default 300 s stalls."""
     work = Path(tempfile.mkdtemp(prefix="factory-storm-"))
-    seeds = make_seeds(args.seeds, work / "seeds.jsonl")
+    seeds = make_seeds(args.seeds, work / "seeds.jsonl", recipe=args.recipe)
     clean = _storm_run(args, seeds, work, "clean", "")
     storm = _storm_run(args, seeds, work, "storm", args.defects)
     done = all(r["finished"] and r["exit_code"] == 0 for r in (clean, storm))
@@ -393,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--batch-size", type=int, default=16)
     a.add_argument("--quiet", action="store_true")
     st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
+    for command in (a, st):
+        command.add_argument(
+            "--recipe",
+            default=None,
+            help="amplification recipe, a path or a name under pipelines/ (default: the one "
+            "amplify recipe in pipelines/, today airline.yaml); its seeds seed the benchmark",
+        )
     st.add_argument("--seeds", type=int, default=100)
     st.add_argument("--target", type=int, default=1400, help="with 100 seeds: ~1,500 calls")
     st.add_argument("--latency-ms", type=float, default=200.0)
@@ -406,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         help="cap on each run; a capped run reports how many calls the server completed",
     )
     args = p.parse_args(argv)
+    try:
+        args.recipe = resolve_recipe_path(args.recipe) if args.recipe else default_recipe()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     report: dict[str, Any]
     if args.what == "storm":

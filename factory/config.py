@@ -11,6 +11,10 @@ then builds the typed model the rest of the code reads.
 Relative paths inside a recipe are resolved against the recipe file's folder,
 so ``pipelines/airline.yaml`` can say ``../seeds/airline/seeds.jsonl`` and
 work from any working directory.
+
+One module on purpose (about 640 lines): the recipe schema is documented once,
+here, and read top to bottom like the recipe itself; every section model and
+the loader that checks them against the generated schema belong together.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
+from factory.core.trajectory import canonical_json
+from factory.core.yamlfile import parse_yaml
 from factory.errors import ConfigError, short
-from factory.trajectory import canonical_json
-from factory.yamlfile import parse_yaml
 
 __all__ = [
     "SCHEMA_PATH",

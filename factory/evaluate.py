@@ -3,8 +3,8 @@
     python -m factory.evaluate --samples PATH [--recipe RECIPE [--set K=V] | --base-url URL
         --model M] [--limit N] [--concurrency C] [--out DIR] [--with-code]
 
-Each step sample (JSONL or Parquet, see ``factory.steps``) becomes a simulate
-prompt (``factory.simulator``); the model's answer is scored with Feedback
+Each step sample (JSONL or Parquet, see ``factory.envsim.steps``) becomes a simulate
+prompt (``factory.envsim.simulator``); the model's answer is scored with Feedback
 Match (FM), strict Config Match (CM) and EnvSimBench's lenient Config Match,
 overall and per group, per |Δ|, per argument count and per tool. A failed
 prediction (the LLM call failed, or the answer is not a prediction) is a miss
@@ -29,11 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from factory.core.labels import GROUPS
 from factory.envs.registry import available_domains, get_plugin
-from factory.errors import EXIT_INPUT, ConfigError, FactoryError
-from factory.labels import GROUPS
-from factory.readers import RawRecord, iter_records
-from factory.simulator import (
+from factory.envsim.simulator import (
     SampleError,
     check_sample,
     config_match,
@@ -43,6 +41,8 @@ from factory.simulator import (
     simulation_messages,
     unknown_tool_spec,
 )
+from factory.errors import EXIT_INPUT, ConfigError, FactoryError
+from factory.io.readers import RawRecord, iter_records
 
 __all__ = [
     "EvalReport",
@@ -261,7 +261,7 @@ async def evaluate_async(
     """Ask ``predict`` for every sample, at most ``concurrency`` at once, and score the answers.
 
     Args:
-        samples: step-sample dicts (or ``RawRecord``s from ``factory.readers``); read lazily.
+        samples: step-sample dicts (or ``RawRecord``s from ``factory.io.readers``); read lazily.
         predict: returns the model's completion text for one checked sample; a
             ``FactoryError`` it raises (``LLMError``, ``RepairError``) is a failed
             prediction with that error's reason. Other exceptions are bugs and propagate.
@@ -348,10 +348,10 @@ def llm_predictor(
     Args:
         client: has ``model`` and ``async complete(messages, request_id=...)``.
         tools: function specs; a called tool missing from them gets
-            :func:`factory.simulator.unknown_tool_spec`.
+            :func:`factory.envsim.simulator.unknown_tool_spec`.
         code: tool name -> source shown in the prompt.
     """
-    from factory.stages.llm_stage import request_id
+    from factory.engine.stages.llm_stage import request_id
 
     specs = {t["name"]: t for t in tools}
 
@@ -388,8 +388,8 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
 
     if args.recipe:
         from factory.config import load_recipe, resolve_recipe_path
-        from factory.domain import load_domain
-        from factory.stages.llm_stage import build_client
+        from factory.engine.stages.llm_stage import build_client
+        from factory.envs.pack import load_domain
 
         cfg = load_recipe(resolve_recipe_path(args.recipe), list(args.overrides))
         if cfg.llm is None:

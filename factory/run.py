@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from factory import interrupts
 from factory.config import load_recipe, resolve_recipe_path
-from factory.console import expected_error, process_start_time, setup_logging
+from factory.engine import interrupts
+from factory.engine.console import expected_error, process_start_time, setup_logging
 from factory.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ConfigError, FactoryError
 from factory.secrets import redact
 
@@ -91,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [DEVSERVER_PRICE, *overrides, *devserver_overrides(server.url)]
         cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
         if args.dry_run:
-            from factory.plan import make_plan
+            from factory.engine.plan import make_plan
 
             plan = make_plan(cfg, with_examples=not args.json)
             print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
             return 0
-        from factory.runner import run
+        from factory.engine.runner import run
 
         out_dir = Path(args.output or cfg.output.dir).resolve()
         result = run(
@@ -192,7 +192,7 @@ if __name__ == "__main__":
     if code == EXIT_INTERRUPTED:
         # Skip Ray's at-exit teardown: after a Ctrl-C its head processes may already be
         # gone and the teardown then waits on them or aborts (exit 134). The head is
-        # fate-shared with this process and the workers watch it (factory.watchdog).
+        # fate-shared with this process and the workers watch it (factory.engine.watchdog).
         sys.stdout.flush()
         os._exit(code)
     raise SystemExit(code)

@@ -42,7 +42,7 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory):
 
     short_tmp = tempfile.mkdtemp(prefix="ft", dir="/tmp")
     os.environ["RAY_TMPDIR"] = short_tmp
-    from factory.raycompat import init_ray, start_local_ray
+    from factory.engine.raycompat import init_ray, start_local_ray
 
     if not ray.is_initialized():
         start_local_ray(num_cpus=2, _temp_dir=short_tmp, log_to_driver=False)

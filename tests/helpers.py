@@ -9,9 +9,9 @@ from typing import Any
 import polars as pl
 
 from factory.config import RecipeConfig, load_recipe
-from factory.domain import load_domain
-from factory.formats import parse_record
-from factory.validate import validate
+from factory.core.formats import parse_record
+from factory.core.validate import validate
+from factory.envs.pack import load_domain
 
 from .conftest import ROOT
 

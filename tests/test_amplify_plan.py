@@ -7,12 +7,12 @@ from collections import Counter
 
 import pytest
 
-from factory.amplify_run import plan_round
-from factory.budget import BudgetState
 from factory.config import load_recipe
+from factory.engine.budget import BudgetState
+from factory.engine.jobs.amplify import plan_round
+from factory.engine.stages.amplify import assign, round_plan, seed_order
 from factory.errors import ConfigError
-from factory.runstate import changed_keys, prepare_output
-from factory.stages.amplify import assign, round_plan, seed_order
+from factory.io.runstate import changed_keys, prepare_output
 
 from .conftest import ROOT
 
@@ -125,10 +125,10 @@ def test_prepare_output_resume_refuse_fresh_done(tmp_path) -> None:
 def test_request_ids_are_stable_and_change_only_with_their_template(tmp_path) -> None:
     import shutil
 
-    from factory.domain import load_domain
-    from factory.formats import parse_record
-    from factory.prompts import PromptTemplate
-    from factory.stages.llm_stage import request_id
+    from factory.core.formats import parse_record
+    from factory.engine.prompts import PromptTemplate
+    from factory.engine.stages.llm_stage import request_id
+    from factory.envs.pack import load_domain
 
     cfg = load_recipe(ROOT / "pipelines/airline.yaml")
     domain = load_domain(cfg)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from factory.engine.runner import run
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, ConfigError
-from factory.runner import run
 
 from .conftest import ROOT
 from .helpers import dev_overrides, recipe
@@ -29,7 +29,7 @@ PRICE = (
 def test_a_cost_cap_over_an_unpriced_model_is_refused_naming_model_and_fix(
     overrides: list[str], model: str, key: str
 ) -> None:
-    from factory.budget import check_cost_cap_priced
+    from factory.engine.budget import check_cost_cap_priced
 
     cfg = recipe("airline.yaml", Path("/nonexistent"), *overrides)
     assert cfg.amplify is not None and cfg.amplify.max_cost_usd == 2000
@@ -41,7 +41,7 @@ def test_a_cost_cap_over_an_unpriced_model_is_refused_naming_model_and_fix(
 
 
 def test_priced_or_uncapped_recipes_pass() -> None:
-    from factory.budget import check_cost_cap_priced
+    from factory.engine.budget import check_cost_cap_priced
 
     for model in ("gpt-5", "gpt-5-nano", "o3", "gpt-4o-mini"):
         check_cost_cap_priced(recipe("airline.yaml", Path("/x"), f"llm.model={model}"))

@@ -24,14 +24,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factory.cache import (
+from factory.errors import ConfigError
+from factory.io.cache import (
     ResponseCache,
     completion_from_record,
     completion_to_record,
     decode_line,
     encode_line,
 )
-from factory.errors import ConfigError
 from factory.llm.client import Completion
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +271,7 @@ def test_a_line_changed_after_indexing_is_a_miss_not_a_wrong_value(tmp_path, ope
 KILLED_WRITER = textwrap.dedent(
     """
     import sys
-    from factory.cache import ResponseCache
+    from factory.io.cache import ResponseCache
     cache = ResponseCache(sys.argv[1], writer_id="victim")
     i = 0
     while True:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.console import (
+from factory.engine.console import (
     PhaseRate,
     ProgressBar,
     console,

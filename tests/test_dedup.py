@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from factory.dedup import Deduper, dedup_key
-from factory.reasons import REASONS
-from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.core.dedup import Deduper, dedup_key
+from factory.core.reasons import REASONS
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 
 
 def make(**metadata: object) -> Trajectory:

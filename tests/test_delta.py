@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factory.delta import DeltaError, apply, diff, escape, invert, pointer, same_json, split
+from factory.core.delta import DeltaError, apply, diff, escape, invert, pointer, same_json, split
 
 # --- strategies ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factory.core.trajectory import Turn
 from factory.devserver import simulate
 from factory.devserver.simulate import (
     AMPLIFY_MARKER,
@@ -30,7 +31,6 @@ from factory.devserver.simulate import (
     vary_opening,
 )
 from factory.envs.airline.devserver import PLACES
-from factory.trajectory import Turn
 
 PROFILE = {
     "user_id": "mia_li_3668",
@@ -460,7 +460,7 @@ def _world_call(tool: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], s
 
 
 def _sim_messages(state: Any, tool: str, arguments: Any, code: str | None = None) -> list[Any]:
-    from factory.simulator import simulation_messages
+    from factory.envsim.simulator import simulation_messages
 
     sample = {"tool": tool, "arguments": arguments, "state_before": state}
     return simulation_messages(sample, {"name": tool, "parameters": {}}, code)
@@ -481,7 +481,7 @@ def test_simulate_prompts_are_recognised() -> None:
 
 @pytest.mark.parametrize("code", [None, "def cancel_reservation(data, reservation_id):\n    ..."])
 def test_simulate_call_executes_on_the_slice_like_the_full_world(code: str | None) -> None:
-    from factory.delta import apply
+    from factory.core.delta import apply
     from factory.envs.airline.slices import project
 
     args = {"reservation_id": _first_reservation()}
@@ -572,14 +572,14 @@ def test_sim_drop_change_is_deterministic_per_request() -> None:
 
 # --- grounded amplification: episodes executed on the prompt's environment state ------------
 def _scenario(index: int = 0) -> dict[str, Any]:
-    from factory.grounding import GroundingWorld
+    from factory.envsim.grounding import GroundingWorld
 
     world = GroundingWorld("airline", 5, {"n_users": 20, "n_flights": 40, "n_reservations": 60})
     return world.scenario(index, 0)
 
 
 def _grounded_text(scenario: Any) -> str:
-    from factory.grounding import ENV_STATE_MARKER
+    from factory.envsim.grounding import ENV_STATE_MARKER
 
     state = scenario if isinstance(scenario, str) else json.dumps(scenario)
     ref = json.dumps(make_reference())
@@ -622,9 +622,9 @@ def test_read_scenario_refuses_what_is_not_an_airline_state(state: str) -> None:
 def test_grounded_trajectory_follows_the_reference_and_executes_every_call(
     tools: list[str], last_call: str
 ) -> None:
+    from factory.core.labels import is_error_observation
     from factory.devserver.grounded import grounded_trajectory
     from factory.envs.airline import AirlineEnv
-    from factory.labels import is_error_observation
 
     played = 0
     for index in range(8):

@@ -4,7 +4,7 @@ The pack is data, so its failure modes are silent: a tool spec that no longer
 accepts tau-bench's calls, a rule with a typo in its argument path that never
 fires, a seed whose observation contradicts its own call. These tests read the
 files as a consumer would and check each of those, with jsonschema doing the
-schema work. Rules are evaluated here directly (not through factory.rules) so
+schema work. Rules are evaluated here directly (not through factory.core.rules) so
 the data is checked independently of the code that will load it.
 """
 

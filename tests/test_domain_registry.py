@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from factory.config import load_recipe
-from factory.domain import load_domain
 from factory.envs import DomainPlugin, available_domains, get_environment, get_plugin
+from factory.envs.pack import load_domain
 from factory.envs.registry import ENTRY_POINT_GROUP, register_domain, reset_registry
 from factory.errors import ConfigError
 from factory.run import main
@@ -168,7 +168,7 @@ def test_a_third_party_domain_is_found_through_its_entry_point(site: Path) -> No
 
 
 def test_the_engine_drives_a_third_party_domain(site: Path, tmp_path: Path) -> None:
-    from factory.steps import check_step, decompose_calls, tool_source
+    from factory.envsim.steps import check_step, decompose_calls, tool_source
 
     _install(site, "shop_plugin", {"shop": "shop_plugin:plugin"})
     env = get_environment("shop", seed=1)
@@ -317,7 +317,7 @@ def test_a_data_only_domain_runs_the_seed_checks_with_no_python(
 def test_a_data_only_domain_asking_for_grounding_names_the_domains_that_have_it(
     tmp_path: Path,
 ) -> None:
-    from factory.amplify_run import preflight
+    from factory.engine.jobs.amplify import preflight
 
     cfg = load_recipe(
         _library(

@@ -10,9 +10,9 @@ import datasets
 import pytest
 
 from factory.devserver.simulate import read_simulation, simulate_call
+from factory.engine.runner import run
+from factory.envsim.simulator import parse_prediction
 from factory.evaluate import main as evaluate_main
-from factory.runner import run
-from factory.simulator import parse_prediction
 
 from . import lfcompat
 from .helpers import recipe

@@ -13,12 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factory.delta import apply, diff, same_json
+from factory.core.delta import apply, diff, same_json
+from factory.core.labels import step_labels
 from factory.devserver import DevServer
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.slices import slice_for
 from factory.envs.airline.world import generate_world
 from factory.envs.registry import get_plugin
+from factory.envsim.simulator import render_prediction
 from factory.errors import LLMServerError, RepairError
 from factory.evaluate import (
     EvalReport,
@@ -28,9 +30,7 @@ from factory.evaluate import (
     main,
     tool_sources,
 )
-from factory.labels import step_labels
 from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
-from factory.simulator import render_prediction
 
 from .conftest import ROOT
 from .helpers import booking_args
@@ -505,7 +505,7 @@ def test_cli_exit_codes(devserver: Any, tmp_path: Path, capsys: pytest.CaptureFi
 def test_samples_round_trip_through_the_devserver_prompt(samples: list[dict[str, Any]]) -> None:
     """The prompt carries everything the perfect simulator needs (no hidden channel)."""
     from factory.devserver import simulate
-    from factory.simulator import simulation_messages
+    from factory.envsim.simulator import simulation_messages
 
     specs = {t["name"]: t for t in _tools()}
     for sample in samples:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factory.export import (
+from factory.core.export import (
     OBSERVATION_SEPARATOR,
     check_structure,
     export_tools,
@@ -23,9 +23,9 @@ from factory.export import (
     render_conversations,
     to_sharegpt,
 )
-from factory.reasons import REASONS
-from factory.trajectory import ToolCall, Trajectory, Turn
-from factory.validate import validate
+from factory.core.reasons import REASONS
+from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.validate import validate
 
 # --- LLaMA-Factory, re-implemented from its documented behaviour ------------------------------
 _LF_THOUGHT = re.compile(re.escape("<think>\n") + "(.*?)" + re.escape("\n</think>\n\n"), re.DOTALL)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from factory.runner import run
+from factory.engine.runner import run
 
 from .helpers import dev_overrides, recipe
 

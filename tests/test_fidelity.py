@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.world import generate_world, write_world
-from factory.errors import SeedFormatError
-from factory.fidelity import (
+from factory.envsim.fidelity import (
     FidelityReport,
     load_trajectories,
     main,
     observations_match,
     replay_fidelity,
 )
-from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.errors import SeedFormatError
 
 # --- the bar: every recorded GPT-4o observation ------------------------------------------------
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from factory.core.formats import FORMATS, detect_format, hermes, openai_chat, parse_record, sharegpt
+from factory.core.trajectory import Trajectory
 from factory.errors import SeedError, SeedFormatError
-from factory.formats import FORMATS, detect_format, hermes, openai_chat, parse_record, sharegpt
-from factory.trajectory import Trajectory
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "seeds"
 SEP = sharegpt.OBSERVATION_SEPARATOR
@@ -585,7 +585,7 @@ def test_parse_record_raises_only_seed_errors(record: Any) -> None:
     try:
         traj = parse_record(record, source="h:0")
     except SeedError as exc:
-        assert exc.reason in __import__("factory.reasons", fromlist=["REASONS"]).REASONS
+        assert exc.reason in __import__("factory.core.reasons", fromlist=["REASONS"]).REASONS
         return
     assert traj.metadata["id"] == traj.content_id()
     assert Trajectory.from_json(traj.to_json()) == traj

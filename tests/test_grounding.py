@@ -18,26 +18,26 @@ import openai
 import pytest
 
 from factory.config import load_recipe
-from factory.delta import changed_size, diff
+from factory.core.delta import changed_size, diff
+from factory.core.formats.completion import parse_output, render_output
+from factory.core.labels import call_observations
+from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.validate import validate
 from factory.devserver import DevServer, DevServerConfig
 from factory.devserver.simulate import AMPLIFY_MARKER, extract_block
-from factory.domain import Domain, load_domain
+from factory.engine.prompts import DIRECTIONS, PromptTemplate
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.scenarios import BOOKING_WINDOW
-from factory.errors import ConfigError
-from factory.formats.completion import parse_output, render_output
-from factory.grounding import (
+from factory.envs.pack import Domain, load_domain
+from factory.envsim.grounding import (
     ENV_STATE_MARKER,
     GroundingWorld,
     apply_mode,
     render_scenario,
     replay,
 )
-from factory.labels import call_observations
-from factory.prompts import DIRECTIONS, PromptTemplate
-from factory.sampler import EpisodeSampler
-from factory.trajectory import ToolCall, Trajectory, Turn
-from factory.validate import validate
+from factory.envsim.sampler import EpisodeSampler
+from factory.errors import ConfigError
 
 from .helpers import booking_args
 
@@ -82,7 +82,8 @@ def test_scenario_is_deterministic_and_varies(world: GroundingWorld) -> None:
 
 def test_scenario_does_not_depend_on_the_hash_seed() -> None:
     code = (
-        "import json; from factory.grounding import GroundingWorld as G, render_scenario as r; "
+        "import json; "
+        "from factory.envsim.grounding import GroundingWorld as G, render_scenario as r; "
         f"w = G('airline', {WORLD_SEED}, {SIZES!r}); "
         "print(json.dumps([r(w.scenario(i, 4)) for i in range(5)]))"
     )

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 
 from factory.config import load_recipe
+from factory.core.formats import parse_record
+from factory.core.formats.completion import render_output
+from factory.core.reasons import REASONS
+from factory.core.trajectory import Trajectory
 from factory.devserver import simulate
-from factory.domain import load_domain
-from factory.formats import parse_record
-from factory.formats.completion import render_output
-from factory.prompts import PromptTemplate
-from factory.reasons import REASONS
+from factory.engine.prompts import PromptTemplate
+from factory.envs.pack import load_domain
 from factory.run import main
-from factory.trajectory import Trajectory
 
 from .conftest import ROOT
 from .helpers import read_jsonl, read_rows
@@ -401,8 +401,8 @@ def _completion(user: str = "hi", arguments: Any = None, name: str = "get_user_d
     ids=["surrogate", "deep", "tool_name_100k", "deep_argument", "arguments_list", "nul", "fence"],
 )
 def test_hostile_completion_is_a_reject_with_a_reason(completion: str, reason: str) -> None:
-    from factory.stages.base import make_row
-    from factory.stages.postprocess import PostprocessStage
+    from factory.engine.stages.base import make_row
+    from factory.engine.stages.postprocess import PostprocessStage
 
     stage = PostprocessStage(load_recipe(AMPLIFY))
     row = stage.run_one(make_row(completion=completion, call_index=0, seed_id="s", source="s#0"))

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from factory.labels import (
+from factory.core.labels import (
     GROUPS,
     arg_cardinality,
     call_observations,
@@ -15,7 +15,7 @@ from factory.labels import (
     step_labels,
     trajectory_labels,
 )
-from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 
 WRITE = {"cancel_reservation", "book_reservation", "send_certificate"}
 
@@ -359,9 +359,9 @@ def test_decline_heuristic(text: str, declined: bool) -> None:
 def test_recorded_airline_calls_label_consistently(taubench_dir: Path) -> None:
     """Replay each recorded trajectory: step labels follow the executor, trajectory
     labels agree with them (transfers counted from the calls themselves)."""
-    from factory.delta import diff
+    from factory.core.delta import diff
+    from factory.core.formats import parse_record
     from factory.envs.airline import AirlineEnv
-    from factory.formats import parse_record
 
     records = json.loads((taubench_dir / "gpt-4o-airline.json").read_text(encoding="utf-8"))
     tools = json.loads((taubench_dir / "tools.json").read_text(encoding="utf-8"))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from factory.interrupts import resume_command
-from factory.raycompat import ray_address
-from factory.watchdog import DriverWatch, loss_reason
+from factory.engine.interrupts import resume_command
+from factory.engine.raycompat import ray_address
+from factory.engine.watchdog import DriverWatch, loss_reason
 
 from .conftest import ROOT
 from .helpers import dev_overrides, read_rows, recipe
@@ -73,7 +73,7 @@ def test_ray_address_is_local_unless_named(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_ray_address_may_change_between_runs_of_one_folder() -> None:
-    from factory.runstate import changed_keys
+    from factory.io.runstate import changed_keys
 
     a = recipe("airline.yaml", Path("/tmp/x")).model_dump(mode="json")
     b = recipe("airline.yaml", Path("/tmp/x"), "ray.address=auto").model_dump(mode="json")
@@ -129,7 +129,7 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
     started); SIGTERM (kill, systemd, docker stop) the driver alone. Either way: exit
     130, one line saying how to resume, no traceback; the same command then finishes
     with the dataset an uninterrupted run writes."""
-    from factory.runner import run
+    from factory.engine.runner import run
 
     server = devserver(seed=21, latency_ms=40)
     out_ref = tmp_path / "ref"
@@ -321,7 +321,7 @@ def test_a_failed_ray_start_leaves_no_process_behind() -> None:
 
     import psutil
 
-    from factory.raycompat import _discard_failed_start
+    from factory.engine.raycompat import _discard_failed_start
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

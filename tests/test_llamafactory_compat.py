@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from factory.runner import run
+from factory.engine.runner import run
 
 from . import lfcompat
 from .helpers import recipe

@@ -107,7 +107,7 @@ def cfg_for(tmp_path: Path, *overrides: str) -> RecipeConfig:
 
 
 def seeds(n: int) -> dict[str, str]:
-    from factory.formats import parse_record
+    from factory.core.formats import parse_record
 
     out = {}
     for i, line in enumerate(SEEDS[:n]):
@@ -122,7 +122,7 @@ def seeds(n: int) -> dict[str, str]:
 def test_an_unknown_backend_is_a_config_error_naming_the_key_and_the_choices(
     tmp_path: Path,
 ) -> None:
-    from factory.stages.llm_stage import build_backend_for
+    from factory.engine.stages.llm_stage import build_backend_for
 
     cfg = cfg_for(tmp_path, "llm.backend=vllm-on-mars")
     with pytest.raises(ConfigError) as info:
@@ -143,8 +143,8 @@ def test_built_ins_load_through_the_same_hook_lazily() -> None:
 
 @pytest.mark.parametrize("name", ["aiohttp", "openai"])
 def test_the_http_backends_are_online_backends_over_one_client(tmp_path: Path, name: str) -> None:
+    from factory.engine.stages.llm_stage import build_backend_for
     from factory.llm.backends.online import ClientBackend
-    from factory.stages.llm_stage import build_backend_for
 
     backend = build_backend_for(cfg_for(tmp_path, f"llm.backend={name}"), "gpt-5")
     assert isinstance(backend, ClientBackend) and not backend.batched
@@ -185,7 +185,7 @@ def test_llm_transport_is_a_deprecated_alias(caplog: pytest.LogCaptureFixture) -
 
 
 def test_render_is_a_pure_function_of_its_inputs() -> None:
-    from factory.stages.llm_stage import render, request_id
+    from factory.engine.stages.llm_stage import render, request_id
 
     msgs = [{"role": "user", "content": "hi"}]
     a = render("amplify", "gpt-5", {"seed": 1}, msgs, seed="s1", variation=0)
@@ -209,8 +209,8 @@ def test_render_is_a_pure_function_of_its_inputs() -> None:
 
 
 def test_record_completion_paid_then_replayed() -> None:
-    from factory.stages.base import make_row
-    from factory.stages.llm_stage import record_completion
+    from factory.engine.stages.base import make_row
+    from factory.engine.stages.llm_stage import record_completion
 
     row = make_row()
     record_completion(row, completion("one", cost=0.5), cached=False)
@@ -229,8 +229,8 @@ def test_record_completion_paid_then_replayed() -> None:
 
 
 def test_record_failure_failed_or_unissued() -> None:
-    from factory.stages.base import FAILED, UNISSUED, make_row
-    from factory.stages.llm_stage import record_failure
+    from factory.engine.stages.base import FAILED, UNISSUED, make_row
+    from factory.engine.stages.llm_stage import record_failure
 
     err = LLMServerError("502 after retries")
     err.attempts = 6  # type: ignore[attr-defined]
@@ -251,8 +251,8 @@ def test_record_failure_failed_or_unissued() -> None:
 def test_a_registered_batched_backend_runs_through_the_real_amplify_stage(
     echo: None, tmp_path: Path
 ) -> None:
-    from factory.stages.amplify import AmplifyStage, assign, seed_order
-    from factory.stages.llm_stage import render
+    from factory.engine.stages.amplify import AmplifyStage, assign, seed_order
+    from factory.engine.stages.llm_stage import render
 
     cfg = cfg_for(tmp_path, "llm.backend=echo", 'llm.backend_options={"answer": "call {n}"}')
     kept = seeds(3)
@@ -309,10 +309,10 @@ async def _run(stage: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_a_batched_backends_failures_are_rows_and_a_judges_retry_joins_the_next_batch(
     echo: None, tmp_path: Path
 ) -> None:
-    from factory.formats import parse_record
-    from factory.stages.base import make_row
-    from factory.stages.llm_stage import render
-    from factory.stages.prefilter import PrefilterStage
+    from factory.core.formats import parse_record
+    from factory.engine.stages.base import make_row
+    from factory.engine.stages.llm_stage import render
+    from factory.engine.stages.prefilter import PrefilterStage
 
     # first batch: no verdict ("call 1" is not JSON); the retried requests form batch 2
     answer = '{"keep": true, "reasons": []}'
@@ -355,7 +355,7 @@ def test_a_batched_backends_failures_are_rows_and_a_judges_retry_joins_the_next_
 
 
 def test_a_backend_that_drops_a_request_fails_that_row_only(echo: None, tmp_path: Path) -> None:
-    from factory.stages.amplify import AmplifyStage
+    from factory.engine.stages.amplify import AmplifyStage
 
     class Lossy(EchoBackend):
         async def run(self, requests: Sequence[LLMRequest]) -> AsyncIterator[LLMResult]:

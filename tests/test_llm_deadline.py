@@ -260,9 +260,9 @@ def test_never_sent_before_the_request_deadline_is_unavailable_not_failed() -> N
 
 
 def test_unavailable_rows_are_unissued_not_failed() -> None:
+    from factory.engine.stages.base import UNISSUED, make_row
+    from factory.engine.stages.llm_stage import LLMStage
     from factory.llm.backends import LLMRequest, OnlineBackend
-    from factory.stages.base import UNISSUED, make_row
-    from factory.stages.llm_stage import LLMStage
 
     class Stage(LLMStage):
         name = "amplify"

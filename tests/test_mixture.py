@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factory.core.labels import GROUPS, group_for
+from factory.core.mixture import IntSet, Mixture, Quota
+from factory.core.selection import Selection, select
 from factory.errors import ConfigError
-from factory.labels import GROUPS, group_for
-from factory.mixture import IntSet, Mixture, Quota, Selection, select
 
 ROOT = Path(__file__).resolve().parents[1]
 BALANCE2 = ROOT / "pipelines" / "mixtures" / "balance2.yaml"

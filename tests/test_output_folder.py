@@ -25,7 +25,7 @@ import polars as pl
 import pytest
 
 from factory.errors import EXIT_LOCKED
-from factory.runstate import prepare_output
+from factory.io.runstate import prepare_output
 
 from .conftest import ROOT
 from .helpers import cli_args, dev_overrides, recipe
@@ -39,7 +39,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 try:
-    from factory.runstate import OutputLock
+    from factory.io.runstate import OutputLock
 except ImportError:  # the original code has no lock: hold one by hand, the test then shows
     import fcntl, os  # that the second run ignores it
     fd = os.open(Path(sys.argv[1]) / ".lock", os.O_RDWR | os.O_CREAT)
@@ -91,7 +91,7 @@ def _start_holder(out: Path) -> subprocess.Popen[str]:
 
 def _lock_is_free(out: Path) -> bool:
     from factory.errors import OutputLocked
-    from factory.runstate import OutputLock
+    from factory.io.runstate import OutputLock
 
     try:
         with OutputLock(out):
@@ -140,7 +140,7 @@ def test_a_second_run_is_refused_before_touching_anything_and_a_dead_holder_free
         holder.kill()  # SIGKILL: no clean-up code runs in the holder
         holder.communicate()  # reaps it and closes the pipes
     _wait(lambda: _lock_is_free(out), "the kernel to release a dead holder's lock")
-    from factory.runstate import OutputLock
+    from factory.io.runstate import OutputLock
 
     with OutputLock(out):  # a new holder records itself over the dead one's name
         assert json.loads((out / ".lock").read_text())["pid"] == os.getpid()
@@ -148,7 +148,7 @@ def test_a_second_run_is_refused_before_touching_anything_and_a_dead_holder_free
 
 def test_the_lock_names_its_holder_and_refuses_a_second_holder(tmp_path: Path) -> None:
     from factory.errors import OutputLocked
-    from factory.runstate import OutputLock
+    from factory.io.runstate import OutputLock
 
     with OutputLock(tmp_path / "x") as lock:
         info = json.loads(lock.path.read_text())
@@ -164,8 +164,8 @@ def test_verify_output_refuses_a_manifest_that_claims_what_is_not_on_disk(
     tmp_path: Path,
 ) -> None:
     from factory.errors import OutputWriteError
-    from factory.runstate import verify_output
-    from factory.writer import Manifest, ShardWriter
+    from factory.io.runstate import verify_output
+    from factory.io.writer import Manifest, ShardWriter
 
     w = ShardWriter(tmp_path, shard_rows=2)
     w.extend(
@@ -313,7 +313,7 @@ def test_a_retried_submission_is_refused_and_the_first_run_ends_with_what_it_cla
 def test_raising_the_target_of_a_finished_run_continues_it_paying_only_for_new_rows(
     ray_session, devserver, tmp_path: Path
 ) -> None:
-    from factory.runner import run
+    from factory.engine.runner import run
 
     log = tmp_path / "requests.jsonl"
     server = devserver(seed=32, request_log=str(log), defects={"malformed_json": 0.3})
@@ -344,7 +344,7 @@ def test_raising_the_target_of_a_finished_run_continues_it_paying_only_for_new_r
 def test_fresh_keeps_the_paid_cache_unless_asked_to_drop_it(
     ray_session, devserver, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from factory.runner import run
+    from factory.engine.runner import run
 
     log = tmp_path / "requests.jsonl"
     server = devserver(seed=33, request_log=str(log))
@@ -354,7 +354,7 @@ def test_fresh_keeps_the_paid_cache_unless_asked_to_drop_it(
     paid = _cache_entries(out)
     requests = len(_completed(log))
 
-    caplog.set_level(logging.INFO, logger="factory.runstate")
+    caplog.set_level(logging.INFO, logger="factory.io.runstate")
     again = recipe("airline.yaml", out, *dev_overrides(server.url, target=12))
     fresh = run(again, out, fresh=True, progress=False)
     assert fresh.extra["mode"] == "new"

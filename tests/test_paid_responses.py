@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from factory.budget import BudgetState
-from factory.cache import ResponseCache, decode_line
+from factory.engine.budget import BudgetState
 from factory.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE
+from factory.io.cache import ResponseCache, decode_line
 from factory.run import main
 
 from .conftest import ROOT
@@ -79,8 +79,8 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
 ) -> None:
     """The LLM stage alone (no Ray): the answer rides on its row, the budget sees its
     cost, and the actor starts no call after the failure."""
-    from factory.stages.amplify import AmplifyStage
-    from factory.trajectory import Trajectory
+    from factory.core.trajectory import Trajectory
+    from factory.engine.stages.amplify import AmplifyStage
 
     log = tmp_path / "requests.jsonl"
     server = devserver(seed=41, latency_ms=20, request_log=str(log))
@@ -95,7 +95,7 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
         "llm.per_actor_concurrency=2",
         "ray.actors=1",
     )
-    from factory.formats import parse_record
+    from factory.core.formats import parse_record
 
     lines = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[:3]
     seeds: dict[str, str] = {}
@@ -136,7 +136,7 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
 def test_unstored_answers_are_kept_in_cache_format_and_stored_by_the_next_run(
     tmp_path: Path,
 ) -> None:
-    from factory.runstate import restore_unstored, save_unstored
+    from factory.io.runstate import restore_unstored, save_unstored
 
     cfg = recipe("airline.yaml", tmp_path / "o")
     out = tmp_path / "o"
@@ -159,7 +159,7 @@ def test_unstored_answers_fall_back_to_the_temp_folder_and_a_broken_cache_refuse
     import tempfile
 
     from factory.errors import OutputWriteError
-    from factory.runstate import restore_unstored, save_unstored
+    from factory.io.runstate import restore_unstored, save_unstored
 
     out = tmp_path / "o"
     out.mkdir()
@@ -178,7 +178,7 @@ def test_unstored_answers_fall_back_to_the_temp_folder_and_a_broken_cache_refuse
 
 
 def test_exit_codes_tell_done_from_capped_short_and_failed_writes(tmp_path: Path) -> None:
-    from factory.runner import RunResult
+    from factory.engine.runner import RunResult
 
     assert RunResult(tmp_path, {}, {}).exit_code == EXIT_OK
     assert RunResult(tmp_path, {}, {}, stopped_by="max_cost_usd").exit_code == 4

@@ -10,11 +10,11 @@ from pathlib import Path
 import datasets
 import pytest
 
-from factory.export import normalize, to_sharegpt
-from factory.formats import parse_record
-from factory.plan import make_plan
-from factory.readers import iter_records
-from factory.runner import run
+from factory.core.export import normalize, to_sharegpt
+from factory.core.formats import parse_record
+from factory.engine.plan import make_plan
+from factory.engine.runner import run
+from factory.io.readers import iter_records
 
 from .conftest import ROOT
 from .helpers import assert_rows_valid, dev_overrides, read_jsonl, read_rows, recipe

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from factory.config import load_recipe
+from factory.engine.stages.base import FAILED, OK, make_row
 from factory.llm import Completion
 from factory.llm.backends import OnlineBackend
-from factory.stages.base import FAILED, OK, make_row
 
 from .conftest import ROOT
 
@@ -41,10 +41,10 @@ class Judge(OnlineBackend):
 
 
 def judge_row(*answers: str, requests: int = 3) -> tuple[dict[str, Any], Judge]:
-    from factory.domain import load_domain
-    from factory.formats import parse_record
-    from factory.prompts import PromptTemplate
-    from factory.stages.prefilter import PrefilterStage
+    from factory.core.formats import parse_record
+    from factory.engine.prompts import PromptTemplate
+    from factory.engine.stages.prefilter import PrefilterStage
+    from factory.envs.pack import load_domain
 
     stage = PrefilterStage.__new__(PrefilterStage)
     stage.model, stage.sampling = "m", {}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from factory.config import RayConfig
-from factory.stages.base import Stage
+from factory.engine.stages.base import Stage
 
 SLOTS = 24
 
@@ -51,8 +51,8 @@ def _build_gate() -> _Gate:
 def _peak(ray_session: Any, batches_per_task: int | None) -> int:
     import ray.data
 
-    from factory.pipeline import iter_rows
-    from factory.raycompat import map_stage
+    from factory.engine.pipeline import iter_rows
+    from factory.engine.raycompat import map_stage
 
     ds = ray.data.range(2 * SLOTS, override_num_blocks=1)
     ds = map_stage(
@@ -83,7 +83,7 @@ def test_ray_still_names_the_constant_it_reads() -> None:
 def test_the_setting_is_never_lowered(n: int) -> None:
     from ray.data._internal.planner import plan_udf_map_op
 
-    from factory.raycompat import await_batches_per_task
+    from factory.engine.raycompat import await_batches_per_task
 
     before = plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY
     await_batches_per_task(n)

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factory import readers
+from factory.core.formats import parse_record
+from factory.core.trajectory import Trajectory
 from factory.errors import ConfigError
-from factory.formats import parse_record
-from factory.readers import (
+from factory.io import readers
+from factory.io.readers import (
     RAW_LIMIT,
     RawRecord,
     SeedReject,
@@ -28,7 +29,6 @@ from factory.readers import (
     resolve_paths,
     unusable_reason,
 )
-from factory.trajectory import Trajectory
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "seeds"
 FORMATS = ("sharegpt", "openai", "hermes")

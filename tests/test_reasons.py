@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from factory.config import load_recipe
+from factory.core.export import check_structure
+from factory.core.reasons import REASONS
+from factory.engine.stages.base import Stage, make_row
+from factory.engine.stages.seeds import raw_record_rows
 from factory.errors import LLMBadRequest, LLMRateLimited, LLMServerError, LLMTimeout
-from factory.export import check_structure
+from factory.io.readers import records_from_bytes
+from factory.io.writer import Manifest
 from factory.llm.backends import OnlineBackend
-from factory.readers import records_from_bytes
-from factory.reasons import REASONS
-from factory.stages.base import Stage, make_row
-from factory.stages.seeds import raw_record_rows
-from factory.writer import Manifest
 
 from .conftest import ROOT
 
@@ -32,7 +32,7 @@ SEED = json.loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[
 
 
 def _stage():
-    from factory.pipeline import build_seed_check
+    from factory.engine.pipeline import build_seed_check
 
     return build_seed_check(CFG)
 
@@ -44,7 +44,7 @@ def via_reader(name: str, data: bytes) -> str:
 
 
 def via_seed_check(record: Any, **stage_kw: Any) -> str:
-    from factory.pipeline import build_seed_check
+    from factory.engine.pipeline import build_seed_check
 
     stage = build_seed_check(CFG)
     for k, v in stage_kw.items():
@@ -99,16 +99,16 @@ class ScriptedClient(OnlineBackend):
 
 
 def via_prefilter(outcome: Any) -> str:
-    from factory.stages.prefilter import PrefilterStage
+    from factory.engine.stages.prefilter import PrefilterStage
 
     stage = PrefilterStage.__new__(PrefilterStage)
     stage.model, stage.sampling = "m", {}
-    from factory.domain import load_domain
-    from factory.prompts import PromptTemplate
+    from factory.engine.prompts import PromptTemplate
+    from factory.envs.pack import load_domain
 
     stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
     stage.backend = ScriptedClient(outcome)
-    from factory.formats import parse_record
+    from factory.core.formats import parse_record
 
     traj = parse_record(SEED, source="t:0")
     row = make_row(record=traj.to_json())
@@ -116,7 +116,7 @@ def via_prefilter(outcome: Any) -> str:
 
 
 def via_postprocess(completion: str) -> str:
-    from factory.stages.postprocess import PostprocessStage
+    from factory.engine.stages.postprocess import PostprocessStage
 
     cfg = load_recipe(ROOT / "pipelines" / "airline.yaml")
     row = make_row(completion=completion, seed_id="s", source="s#0")
@@ -131,7 +131,7 @@ class Boom(Stage):
 
 
 def duplicate() -> str:
-    from factory.collect import Collector
+    from factory.engine.collect import Collector
 
     tmp = Path(__import__("tempfile").mkdtemp())
     c = Collector(tmp, Manifest("r", "h"), dataset_name="d")

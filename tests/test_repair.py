@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factory.errors import RepairError
-from factory.repair import (
+from factory.core.repair import (
     looks_like_json,
     parse_arguments,
     parse_json_value,
     parse_observation,
 )
+from factory.errors import RepairError
 
 ACCEPTED: list[tuple[str, Any]] = [
     ('{"a": 1,}', {"a": 1}),

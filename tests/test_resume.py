@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.runner import run
+from factory.engine.runner import run
 
 from .helpers import cli_args, dev_overrides, read_rows, recipe
 
@@ -158,14 +158,14 @@ def _cache_entries(out: Path) -> int:
     )
 
 
-# The watcher's promise (factory/watchdog.py): a worker stops sending within this long
+# The watcher's promise (factory/engine/watchdog.py): a worker stops sending within this long
 # after its driver dies (detection every 0.1 s + 0.3 s grace, with margin for a busy CPU).
 STOP_BOUND_S = 1.0
 
 
 def _cache_keys(out: Path) -> set[str]:
     """Request ids stored in the cache (torn lines skipped, as the cache's reader does)."""
-    from factory.cache import decode_line
+    from factory.io.cache import decode_line
 
     keys: set[str] = set()
     for seg in (out / "cache").glob("*.jsonl"):

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from factory.core.rules import MAX_PARALLEL_CALLS, DomainRules, Rule, parse_path
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.errors import ConfigError
-from factory.rules import MAX_PARALLEL_CALLS, DomainRules, Rule, parse_path
-from factory.trajectory import ToolCall, Trajectory, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,17 +7,17 @@ from collections import Counter
 
 import pytest
 
-from factory.delta import apply, diff, same_json
-from factory.domain import Domain
+from factory.core.delta import apply, diff, same_json
+from factory.core.labels import GROUPS, is_error_observation
+from factory.core.rules import DomainRules
+from factory.core.trajectory import Trajectory, normalize_tool_spec
+from factory.core.validate import validate
 from factory.envs.airline.sampler import SCENARIOS, default_tools
 from factory.envs.airline.tools import WRITE_TOOLS
+from factory.envs.pack import Domain
+from factory.envsim.sampler import EpisodeSampler, sample_episode, sample_episodes, world_env_id
+from factory.envsim.steps import StepSample, check_step, decompose
 from factory.errors import ConfigError
-from factory.labels import GROUPS, is_error_observation
-from factory.rules import DomainRules
-from factory.sampler import EpisodeSampler, sample_episode, sample_episodes, world_env_id
-from factory.steps import StepSample, check_step, decompose
-from factory.trajectory import Trajectory, normalize_tool_spec
-from factory.validate import validate
 
 from .conftest import ROOT
 

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factory.delta import apply, diff
-from factory.errors import RepairError
-from factory.simulator import (
+from factory.core.delta import apply, diff
+from factory.envsim.simulator import (
     SIM_MARKER,
     STATE_MARKER,
     SampleError,
@@ -25,6 +24,7 @@ from factory.simulator import (
     simulation_messages,
     to_alpaca,
 )
+from factory.errors import RepairError
 
 USER = "ava_ng_1024"
 STATE: dict[str, Any] = {

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from factory.delta import apply, diff, same_json
+from factory.core.delta import apply, diff, same_json
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.slices import empty_slice, project, slice_for
 from factory.envs.airline.tools import AIRPORTS, WRITE_TOOLS

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from factory.delta import apply, same_json
+from factory.core.delta import apply, same_json
+from factory.core.labels import GROUPS
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.tools import TOOLS, WRITE_TOOLS
-from factory.errors import ConfigError
-from factory.labels import GROUPS
-from factory.steps import (
+from factory.envsim.steps import (
     StepError,
     StepSample,
     check_step,
@@ -24,7 +24,7 @@ from factory.steps import (
     step_id,
     tool_source,
 )
-from factory.trajectory import ToolCall, Trajectory, Turn
+from factory.errors import ConfigError
 
 from .helpers import booking_args
 
@@ -112,7 +112,7 @@ def test_round_trip_through_json(world: AirlineEnv) -> None:
 
 
 def test_step_errors_carry_a_registered_reason() -> None:
-    from factory.reasons import REASONS
+    from factory.core.reasons import REASONS
 
     assert StepError("x").reason in REASONS
 
@@ -250,7 +250,7 @@ def test_tool_source_of_unknown_tools_is_none() -> None:
 
 @pytest.mark.shared
 def test_every_recorded_taubench_step_keeps_the_invariants(taubench_dir: Path) -> None:
-    from factory.formats import parse_record
+    from factory.core.formats import parse_record
 
     records = json.loads((taubench_dir / "gpt-4o-airline.json").read_text(encoding="utf-8"))
     tools = json.loads((taubench_dir / "tools.json").read_text(encoding="utf-8"))

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from factory.formats import parse_record
-from factory.readers import SeedReject, read_seeds
-from factory.trajectory import Trajectory
+from factory.core.formats import parse_record
+from factory.core.trajectory import Trajectory
+from factory.io.readers import SeedReject, read_seeds
 
 pytestmark = pytest.mark.shared
 

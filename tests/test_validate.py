@@ -8,16 +8,14 @@ from typing import Any
 
 import pytest
 
-from factory.reasons import REASONS, Issue
-from factory.rules import DomainRules
-from factory.trajectory import ToolCall, Trajectory, Turn
-from factory.validate import (
+from factory.core.reasons import REASONS, Issue
+from factory.core.rules import DomainRules
+from factory.core.schema import _compile, compile_schema, format_path
+from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.validate import (
     ISSUE_ORDER,
-    _compile,
     _tool_table,
-    compile_schema,
     first_reason,
-    format_path,
     validate,
     validate_calls,
 )

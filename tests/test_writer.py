@@ -8,11 +8,11 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from factory import writer
-from factory.collect import Collector
+from factory.engine.collect import Collector
+from factory.engine.stages.base import make_row
 from factory.errors import OutputWriteError
-from factory.stages.base import make_row
-from factory.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
+from factory.io import writer
+from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
 
 def sharegpt(i: int) -> dict:

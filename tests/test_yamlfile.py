@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from factory.core.mixture import Mixture
+from factory.core.rules import DomainRules
+from factory.core.yamlfile import parse_yaml, read_yaml
 from factory.errors import ConfigError
-from factory.mixture import Mixture
-from factory.rules import DomainRules
-from factory.yamlfile import parse_yaml, read_yaml
 
 HOSTILE = {
     "impossible_date": "when: 2024-13-45\n",  # PyYAML raises ValueError, not YAMLError

@@ -7,15 +7,8 @@ test, ``with DevServer(DevServerConfig(...)) as server: ... server.url``.
 
 from __future__ import annotations
 
-from factory.devserver.app import (
-    DEFECTS,
-    DevServer,
-    DevServerConfig,
-    RunningServer,
-    build_app,
-    parse_defects,
-    start_server,
-)
+from factory.devserver.app import DEFECTS, DevServerConfig, build_app, parse_defects
+from factory.devserver.server import DevServer, RunningServer, start_server
 
 __all__ = [
     "DEFECTS",

@@ -14,13 +14,8 @@ import contextlib
 import signal
 import sys
 
-from factory.devserver.app import (
-    DEFECTS,
-    LATENCY_KINDS,
-    DevServerConfig,
-    parse_defects,
-    start_server,
-)
+from factory.devserver.app import DEFECTS, LATENCY_KINDS, DevServerConfig, parse_defects
+from factory.devserver.server import start_server
 from factory.errors import EXIT_CONFIG, EXIT_INTERNAL, ConfigError
 
 

@@ -2,7 +2,7 @@
 
 Why not rename the reference as ``simulate.amplify`` does: a grounded prompt
 (``prompts/amplify_grounded.j2``) lists real entities, and the factory replays
-every call of the answer on the full world (``factory.grounding``). Renamed
+every call of the answer on the full world (``factory.envsim.grounding``). Renamed
 ids would exist nowhere, so every observation would contradict the executor.
 The devserver therefore asks the domain whose state the prompt shows (its
 plug-in's ``devserver`` part) to play a short episode whose every call is
@@ -25,7 +25,7 @@ from typing import Any
 from factory.devserver.simulate import extract_block
 from factory.envs.plugin import DevserverHooks
 from factory.envs.registry import available_domains, get_plugin
-from factory.grounding import ENV_STATE_MARKER
+from factory.envsim.grounding import ENV_STATE_MARKER
 
 __all__ = [
     "ENV_STATE_MARKER",

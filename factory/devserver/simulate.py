@@ -15,11 +15,17 @@ The expensive part (finding entities) is done once per reference by
 ``compile_reference``; a request only draws a mapping and fills the template,
 which keeps a 30-turn reference well under a millisecond.
 
-A simulate prompt (``factory.simulator``) is answered by a *perfect*
+A simulate prompt (``factory.envsim.simulator``) is answered by a *perfect*
 simulator: the call is executed on the given state slice in the world of
 the domain whose state it is (the first registered domain that accepts it)
 and the answer is the real observation and the exact Δ, so a metric run
 against the devserver must score 100% unless a defect is switched on.
+
+One module on purpose (about 880 lines): it is the one simulated model the app
+calls as ``simulate.<answer>``. Half of it is the reference compiler and the
+renamer, which share the vocabulary and the compiled template's private types;
+the simulation, judge and content-defect answers (about 220 lines) read the
+same references and prompt blocks.
 """
 
 from __future__ import annotations
@@ -35,10 +41,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from factory.delta import diff
+from factory.core.delta import diff
 from factory.envs.registry import available_domains, get_environment, get_plugin
+from factory.envsim.simulator import SIM_MARKER, STATE_MARKER
 from factory.errors import ConfigError
-from factory.simulator import SIM_MARKER, STATE_MARKER
 
 __all__ = [
     "AMPLIFY_MARKER",

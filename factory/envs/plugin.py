@@ -7,20 +7,20 @@ optional; the engine says which part is missing when a recipe needs it
 (:func:`factory.envs.registry.get_plugin` with ``needs=``):
 
 * ``pack``: tools.json, policy.md and rules YAML shipped with the domain
-  (``factory.domain``, when a recipe names no files);
+  (``factory.envs.pack``, when a recipe names no files);
 * ``environment``: ``environment(**kw) -> Environment`` from ``db_dir=``,
   ``state=``, or ``seed=`` plus generator sizes (``get_environment``,
   fidelity, the devserver's simulator answers);
 * ``world_sizes``: the generator size keys ``environment(seed=...)`` takes;
-* ``slicing``: the part of a state one call reads or writes (``factory.steps``);
+* ``slicing``: the part of a state one call reads or writes (``factory.envsim.steps``);
 * ``tool_functions``: the Python functions behind the tools, for code(a)
-  (``factory.steps``, ``factory.evaluate``);
+  (``factory.envsim.steps``, ``factory.evaluate``);
 * ``sampler``: LLM-free episodes on a world: scenarios, weights, default
-  tools (``factory.sampler``);
+  tools (``factory.envsim.sampler``);
 * ``grounding``: the state slices grounded amplification prompts show
-  (``factory.grounding``);
+  (``factory.envsim.grounding``);
 * ``fidelity_renames``: keys the database renamed since its reference
-  trajectories were recorded (``factory.fidelity``);
+  trajectories were recorded (``factory.envsim.fidelity``);
 * ``devserver``: what the development server needs to answer the domain's
   prompts offline (``factory.devserver``).
 
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from factory.core.trajectory import Trajectory
     from factory.envs.base import Environment
-    from factory.trajectory import Trajectory
 
 __all__ = [
     "PARTS",
@@ -95,7 +95,7 @@ class ScenarioSource(Protocol):
 
 
 class EpisodeSampler(Protocol):
-    """One LLM-free episode on a fresh fork of a world (see ``factory.sampler``)."""
+    """One LLM-free episode on a fresh fork of a world (see ``factory.envsim.sampler``)."""
 
     def __call__(
         self,

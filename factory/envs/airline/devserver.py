@@ -2,7 +2,7 @@
 
 Why: a grounded amplification prompt (``prompts/amplify_grounded.j2``) lists
 real entities, and the factory replays every call of the answer on the full
-world (``factory.grounding``). The devserver (``factory.devserver.grounded``)
+world (``factory.envsim.grounding``). The devserver (``factory.devserver.grounded``)
 therefore asks the domain to play a short, policy-shaped episode about the
 scenario's user - identify the user, read, confirm, write - and *executes*
 each call on a copy of the scenario: the observations are the real ones, and

@@ -1,4 +1,4 @@
-"""The airline's scenarios for the programmatic (LLM-free) sampler (``factory.sampler``).
+"""The airline's scenarios for the programmatic (LLM-free) sampler (``factory.envsim.sampler``).
 
 Why: a simulator (world model) must see every kind of transition - refusals,
 reads that change nothing, writes touching one to a dozen fields - in known
@@ -29,7 +29,7 @@ uses, so this is how a generated world yields single steps with |Δ| >= 7
 (EnvSimBench's Difficult group); such episodes carry ``multiple_certificates``.
 
 Determinism: an episode uses only the ``rng`` it is given; the driver
-(``factory.sampler.EpisodeSampler``) numbers episodes and forks the world.
+(``factory.envsim.sampler.EpisodeSampler``) numbers episodes and forks the world.
 
 One module on purpose (about 870 lines): the ten scenarios, the episode under
 construction and the wrong-call variants share private helpers; split, each
@@ -44,7 +44,9 @@ from collections.abc import Callable, Mapping
 from datetime import date, timedelta
 from typing import Any
 
-from factory.delta import changed_size
+from factory.core.delta import changed_size
+from factory.core.labels import is_error_observation, trajectory_labels
+from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.envs.airline.lookups import (
     FREE_BAGS,
     TODAY,
@@ -61,8 +63,6 @@ from factory.envs.airline.tools import (
     search_onestop_flight,
 )
 from factory.envs.base import Environment
-from factory.labels import is_error_observation, trajectory_labels
-from factory.trajectory import ToolCall, Trajectory, Turn
 
 __all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
 
@@ -834,7 +834,7 @@ def sample_episode(
         (trajectory labels with the episode's exact |Δ|), ``sampler`` (scenarios
         played, mistakes, violations), ``source``, ``format``, ``id``.
 
-    The shares and weights are not checked here: ``factory.sampler`` checks
+    The shares and weights are not checked here: ``factory.envsim.sampler`` checks
     them once for every domain before calling this.
     """
     weights = SCENARIOS if scenarios is None else scenarios

@@ -3,7 +3,7 @@
 Why a slice and not the world: the prompt must stay a few KB, yet every call a
 model is likely to make about the scenario (read the user, their reservations,
 search the routes offered) must answer on the slice exactly as on the world,
-so that replaying the answer on the full world (``factory.grounding``) can
+so that replaying the answer on the full world (``factory.envsim.grounding``) can
 hold the model to it.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from copy import deepcopy
 from typing import Any
 
-from factory.delta import same_json
+from factory.core.delta import same_json
 from factory.envs.airline.slices import trim
 from factory.envs.base import Environment
 from factory.errors import ConfigError, short

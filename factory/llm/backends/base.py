@@ -61,7 +61,7 @@ class LLMRequest:
     """One chat completion to make.
 
     Attributes:
-        request_id: content-derived id (``factory.stages.llm_stage.request_id``): the
+        request_id: content-derived id (``factory.engine.stages.llm_stage.request_id``): the
             cache key, the batch ``custom_id``, the ``X-Client-Request-Id`` header.
         messages: OpenAI chat messages.
     """

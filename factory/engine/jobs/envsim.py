@@ -1,0 +1,237 @@
+"""The simulator-data job: sampler -> executor -> step samples -> mixture -> alpaca shards.
+
+Phase 1 samples episodes on the executable world in rounds (Ray actors, each
+building the world once) and streams every checked step sample to
+``OUT/candidates/`` while the driver keeps only ``(id, labels)`` per sample.
+Rounds stop as soon as every quota of the mixture has enough candidates, or at
+``envsim.max_episodes``. Phase 2 selects the mixture from the labels alone
+(deterministic, coverage first, never borrowing across groups) and streams the
+chosen candidates into LLaMA-Factory alpaca shards under ``OUT/data/``.
+
+Accounting: steps sampled = selected (data/) + not selected (candidates/ only)
++ rejected (a step whose invariants failed; rejects/).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from factory.config import RecipeConfig
+from factory.core.mixture import Mixture
+from factory.core.selection import Selection, select
+from factory.engine.result import RunResult, _progress, new_manifest
+from factory.errors import SeedError
+from factory.io.writer import RejectWriter, ShardWriter, write_dataset_info
+
+__all__ = ["ALPACA_SCHEMA", "CANDIDATE_SCHEMA", "run_envsim"]
+
+CANDIDATE_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("message", pa.string()),
+        ("labels", pa.string()),
+        ("sample", pa.string()),
+    ]
+)
+ALPACA_SCHEMA = pa.schema(
+    [
+        ("instruction", pa.string()),
+        ("input", pa.string()),
+        ("output", pa.string()),
+        ("id", pa.string()),
+        ("meta", pa.string()),
+    ]
+)
+
+
+class EpisodeStepsUDF:
+    """Ray actor: builds the world once; turns episode numbers into checked step rows."""
+
+    def __init__(self, cfg: RecipeConfig, start: int):
+        from factory.envsim.sampler import EpisodeSampler
+
+        assert cfg.envsim is not None
+        es = cfg.envsim
+        self.seed, self.start = es.seed, start
+        self.domain = cfg.domain.name
+        self.sampler = EpisodeSampler(
+            self.domain,
+            es.world_seed,
+            world_sizes=es.world_sizes,
+            invalid_share=es.invalid_share,
+            violation_share=es.violation_share,
+        )
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from factory.envsim.steps import check_step, decompose
+        from factory.errors import FactoryError
+
+        rows: list[dict[str, Any]] = []
+        for offset in batch.column("id").to_pylist():
+            index = self.start + int(offset)
+            traj = self.sampler.episode(index, seed=self.seed)
+            for sample in decompose(traj, self.sampler.fresh_env(), env_id=self.sampler.env_id):
+                row = {
+                    "id": sample.id,
+                    "status": "ok",
+                    "reason": None,
+                    "message": None,
+                    "labels": json.dumps(sample.labels),
+                    "sample": None,
+                }
+                try:
+                    check_step(sample, domain=self.domain)
+                except FactoryError as exc:
+                    row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
+                row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
+                rows.append(row)
+        return pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA)
+
+
+def _episode_round(cfg: RecipeConfig, start: int, n: int) -> Any:
+    import ray.data
+
+    blocks = max(1, min(n // 50, 64))
+    return ray.data.range(n, override_num_blocks=blocks).map_batches(
+        EpisodeStepsUDF,
+        fn_constructor_args=(cfg, start),
+        batch_format="pyarrow",
+        batch_size=50,
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.ray.actors),
+        num_cpus=cfg.ray.num_cpus,
+    )
+
+
+def _available(mixture: Mixture, labels: list[dict[str, Any]]) -> dict[str, int]:
+    """Candidates per quota, each sample counted for the first quota it matches."""
+    counts: Counter[str] = Counter()
+    for lab in labels:
+        for q in mixture.quotas:
+            if q.matches(lab):
+                counts[q.name] += 1
+                break
+    return dict(counts)
+
+
+def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dict) -> Any:
+    """Stream the chosen candidates (in selection order) as alpaca rows."""
+    from factory.envsim.simulator import to_alpaca
+    from factory.envsim.steps import tool_source
+
+    assert cfg.envsim is not None
+    rank = {sid: i for i, sid in enumerate(chosen)}
+    picked: list[tuple[int, dict[str, Any]]] = []
+    for path in sorted((out_dir / "candidates").glob("*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=2048):
+            for sid, sample in zip(
+                batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True
+            ):
+                if sid in rank:
+                    picked.append((rank.pop(sid), json.loads(sample)))
+    picked.sort(key=lambda p: p[0])
+    for _, sample in picked:
+        code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
+        row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code)
+        meta = {"labels": sample["labels"], "env_id": sample["env_id"], "step": sample["step"]}
+        yield {**row, "id": sample["id"], "meta": json.dumps(meta)}
+
+
+def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+    """Run an ``envsim`` recipe into ``out_dir``."""
+    from factory.engine.pipeline import iter_rows
+    from factory.engine.raycompat import init_ray
+    from factory.envs.pack import load_domain
+    from factory.envs.registry import get_plugin
+
+    assert cfg.envsim is not None and cfg.mixture is not None
+    for part in ("environment", "sampler", "slicing"):  # fail here, not inside a Ray actor
+        get_plugin(cfg.domain.name, needs=part)
+    es, mx = cfg.envsim, cfg.mixture
+    mixture = Mixture.load(cfg.resolve(mx.path))
+    tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
+    init_ray(cfg.ray.address)
+    manifest = new_manifest(cfg)
+    candidates = ShardWriter(
+        out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
+    )
+    rejects = RejectWriter(out_dir)
+    keys: list[dict[str, Any]] = []  # (id, labels) only: the payload stays on disk
+    counts: Counter[str] = Counter()
+    episodes = 0
+    with _progress(progress, mixture.total, "candidates for the mixture") as bar:
+        while episodes < es.max_episodes:
+            n = min(es.episodes_per_round, es.max_episodes - episodes)
+            for row in iter_rows(_episode_round(cfg, episodes, n), batch_size=1024):
+                counts["total"] += 1
+                if row["status"] != "ok":
+                    counts["rejected"] += 1
+                    manifest.reason("envsim", row["reason"])
+                    rejects.add({k: v for k, v in row.items() if v is not None})
+                    continue
+                candidates.add(row)
+                keys.append({"id": row["id"], "labels": json.loads(row["labels"])})
+            episodes += n
+            available = _available(mixture, [k["labels"] for k in keys])
+            met = sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
+            bar.n = met
+            bar.refresh()
+            if met >= mixture.total:
+                break
+    candidates.close()
+    rejects.close()
+    selection: Selection = select(
+        keys,
+        mixture,
+        seed=mx.seed,
+        exclude_task_ids=mx.exclude_task_ids,
+        exclude_user_ids=mx.exclude_user_ids,
+    )
+    del keys
+    data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
+    data.extend(_alpaca_rows(cfg, selection.ids, out_dir, tools))
+    data.close()
+    write_dataset_info(out_dir, cfg.output.dataset_name, formatting="alpaca")
+    groups = Counter(
+        s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
+    )
+    selected = data.rows_written
+    totals = {
+        "total": counts["total"],
+        "accepted": selected,
+        "surplus": counts["total"] - counts["rejected"] - selected,
+        "rejected": counts["rejected"],
+        "failed": 0,
+    }
+    manifest.stages = {
+        "envsim": {
+            "accepted": selected,
+            "rejected": counts["rejected"],
+            "surplus": totals["surplus"],
+        }
+    }
+    manifest.extra.update(
+        pipeline="envsim",
+        episodes=episodes,
+        mixture={**selection.summary(), "groups": dict(groups)},
+    )
+    for writer in (data, candidates, rejects):
+        manifest.files.update(writer.files)
+    manifest.write(out_dir, **totals)
+    manifest_dict = manifest.to_dict(**totals)
+    result = RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
+    result.extra["report"] = selection.report()
+    if selection.shortfall and not mx.allow_shortfall:
+        raise SeedError(
+            "shortfall",
+            f"mixture quotas not met: {selection.shortfall} "
+            f"(after {episodes} episodes; raise envsim.max_episodes)",
+        )
+    return result

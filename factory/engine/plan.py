@@ -1,0 +1,197 @@
+"""``--dry-run``: what a recipe would do and cost, without calling anything.
+
+Seeds are read and checked for real (the same stage code as the run), so the
+read/valid/rejected counts are exact. LLM calls and tokens are estimates:
+calls from the target and the recipe's ``expected_yield``; prompt tokens by
+rendering the real prompts for the real seeds; completion tokens from the
+size of the reference each call imitates. Prompt caching is assumed for the
+static prefix after the first call of a kind (what OpenAI and vLLM do for a
+byte-identical prefix), priced at the cached rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from factory.config import RecipeConfig
+from factory.core.formats.completion import render_output
+from factory.core.trajectory import Trajectory, canonical_json
+from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
+from factory.engine.prompts import PromptTemplate, estimate_tokens
+from factory.engine.stages.base import OK
+from factory.envs.pack import load_domain
+from factory.llm.pricing import PriceTable, cost
+
+__all__ = ["Plan", "StagePlan", "make_plan"]
+
+
+@dataclass
+class StagePlan:
+    """Planned LLM work of one stage."""
+
+    stage: str
+    model: str
+    calls: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float | None  # None: the model has no price in the recipe
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Plan:
+    seeds_read: int = 0
+    seeds_valid: int = 0
+    seeds_rejected: int = 0
+    reject_reasons: Counter[str] = field(default_factory=Counter)
+    stages: list[StagePlan] = field(default_factory=list)
+    example_prompts: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seeds": {
+                "read": self.seeds_read,
+                "valid": self.seeds_valid,
+                "rejected": self.seeds_rejected,
+                "reasons": dict(self.reject_reasons),
+            },
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+    def render(self) -> str:
+        lines = [
+            f"seeds: {self.seeds_read} read, {self.seeds_valid} valid, "
+            f"{self.seeds_rejected} rejected",
+        ]
+        for code, n in self.reject_reasons.most_common():
+            lines.append(f"  rejected {code}: {n}")
+        if self.stages:
+            lines.append("")
+            lines.append(
+                f"{'stage':<11}{'model':<16}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
+                f"{'completion tok':>16}{'cost USD':>12}"
+            )
+            for s in self.stages:
+                cost = "unpriced" if s.cost_usd is None else f"{s.cost_usd:,.2f}"
+                lines.append(
+                    f"{s.stage:<11}{s.model:<16}{s.calls:>9,}{s.prompt_tokens:>14,}"
+                    f"{s.cached_tokens:>14,}{s.completion_tokens:>16,}{cost:>12}"
+                )
+            priced = [s.cost_usd for s in self.stages if s.cost_usd is not None]
+            lines.append(f"estimated total cost: {sum(priced):,.2f} USD")
+        for stage, messages in self.example_prompts.items():
+            lines.append("")
+            lines.append(f"--- example {stage} prompt ---")
+            for m in messages:
+                lines.append(f"[{m['role']}]")
+                lines.append(m["content"])
+        return "\n".join(lines)
+
+
+def _cost(cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int) -> float | None:
+    price = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()}).lookup(model)
+    if price is None:
+        return None
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    return cost(usage, price)
+
+
+def _stage(
+    cfg: RecipeConfig,
+    stage: str,
+    model: str,
+    calls: int,
+    per_call_prompt: float,
+    static: int,
+    per_call_completion: float,
+) -> StagePlan:
+    prompt = round(per_call_prompt * calls)
+    cached = static * max(calls - 1, 0)
+    completion = round(per_call_completion * calls)
+    return StagePlan(
+        stage,
+        model,
+        calls,
+        prompt,
+        cached,
+        completion,
+        _cost(cfg, model, prompt, cached, completion),
+    )
+
+
+def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
+    """Check the seeds and estimate every LLM stage of ``cfg``."""
+    check_seed_files(cfg)  # the run's own check: a dry run refuses what the run refuses
+    plan = Plan()
+    check = build_seed_check(cfg)
+    valid: list[Trajectory] = []
+    for row in seed_rows_local(cfg):
+        plan.seeds_read += 1
+        if row["status"] == OK:
+            row = check.run_one(row)
+        if row["status"] == OK:
+            valid.append(Trajectory.from_json(row["record"]))
+        else:
+            plan.reject_reasons[row["reason"] or "unknown"] += 1
+    plan.seeds_valid = len(valid)
+    plan.seeds_rejected = plan.seeds_read - plan.seeds_valid
+    if cfg.pipeline != "amplify" or not valid:
+        return plan
+    assert cfg.llm is not None and cfg.amplify is not None  # checked when loading
+    domain = load_domain(cfg)
+
+    if cfg.prefilter.enabled:
+        judge = PromptTemplate(
+            cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt"
+        )
+        prompts = [judge.render(t) for t in valid]
+        mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
+        model = cfg.prefilter.model or cfg.llm.model
+        plan.stages.append(
+            _stage(
+                cfg,
+                "prefilter",
+                model,
+                len(valid),
+                mean_prompt,
+                prompts[0].static_tokens(),
+                cfg.prefilter.completion_tokens_estimate,
+            )
+        )
+        if with_examples:
+            plan.example_prompts["prefilter"] = prompts[0].messages
+
+    amplify = PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain, key_path="amplify.prompt")
+    calls = math.ceil(cfg.amplify.target / cfg.amplify.expected_yield)
+    if cfg.amplify.max_calls is not None:
+        calls = min(calls, cfg.amplify.max_calls)
+    prompts = [amplify.render(t, variation=0) for t in valid]
+    mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
+    # A new trajectory is about as long as its reference, written in the output format.
+    mean_completion = sum(estimate_tokens(canonical_json(render_output(t))) for t in valid) / len(
+        valid
+    )
+    plan.stages.append(
+        _stage(
+            cfg,
+            "amplify",
+            cfg.llm.model,
+            calls,
+            mean_prompt,
+            prompts[0].static_tokens(),
+            mean_completion,
+        )
+    )
+    if with_examples:
+        plan.example_prompts["amplify"] = prompts[0].messages
+    return plan

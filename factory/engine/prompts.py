@@ -1,0 +1,125 @@
+"""Prompt rendering: Jinja templates in ``prompts/`` turned into chat messages.
+
+Each template has two blocks. ``system`` depends only on the domain (tools,
+policy, output format), so it is byte-identical across every call of a run and
+comes first: OpenAI prompt caching and vLLM prefix caching reuse it. ``user``
+holds what changes per call (variation, reference trajectory). ``Prompt``
+keeps the length of the static prefix so the manifest can report its share.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from factory.core.formats.completion import render_output
+from factory.core.trajectory import Trajectory
+from factory.envs.pack import Domain
+from factory.errors import ConfigError
+
+__all__ = ["DIRECTIONS", "Prompt", "PromptTemplate", "estimate_tokens"]
+
+# Variation directions cycled by sample index: diversity without randomness, so a
+# request is a pure function of (seed, index) and can be cached and resumed.
+DIRECTIONS: tuple[str, ...] = (
+    "keep the reference's kind of request, with a different user and different details.",
+    "the user asks for something the policy does not allow; the agent refuses politely.",
+    "the user changes their mind once during the conversation.",
+    "a tool call fails first (wrong identifier or unavailable option) and the agent recovers.",
+    "the user gives their details in pieces and the agent has to ask for what is missing.",
+    "the request involves more items (passengers, flights or bags) than the reference.",
+    "the user is in a hurry and terse; the agent stays precise and still confirms changes.",
+    "the request cannot be handled with the tools and ends with a transfer to a human agent.",
+)
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count (4 characters a token), used for planning and by the devserver.
+
+    Why not a tokenizer: planning must work offline for any model; the estimate
+    is calibrated against real runs by the --dry-run accuracy test.
+    """
+    return math.ceil(len(text) / 4) if text else 0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Rendered chat messages plus the static-prefix size for cache reporting."""
+
+    messages: list[dict[str, str]]
+    static_chars: int
+
+    @property
+    def text(self) -> str:
+        return "".join(m["content"] for m in self.messages)
+
+    def prompt_tokens(self) -> int:
+        return estimate_tokens(self.text)
+
+    def static_tokens(self) -> int:
+        return estimate_tokens(self.messages[0]["content"][: self.static_chars])
+
+
+_LINE_BREAKS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
+
+
+@lru_cache(maxsize=32)
+def _environment(folder: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+
+
+class PromptTemplate:
+    """A template file with ``system`` and ``user`` blocks, bound to one domain."""
+
+    def __init__(self, path: Path, domain: Domain, *, key_path: str = "prompt"):
+        if not path.is_file():
+            raise ConfigError(f"prompt template {path} not found", key_path=key_path)
+        try:
+            self.template = _environment(str(path.parent)).get_template(path.name)
+        except (jinja2.TemplateError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"template {path.name}: {exc}", key_path=key_path) from exc
+        for block in ("system", "user"):
+            if block not in self.template.blocks:
+                raise ConfigError(f"template {path.name} lacks block {block!r}", key_path=key_path)
+        self.domain = domain
+        tools_json = json.dumps(domain.public_tools(), indent=1, ensure_ascii=False)
+        self.static = self._block("system", tools_json=tools_json, policy=domain.policy.strip())
+
+    def _block(self, name: str, **ctx: Any) -> str:
+        context = self.template.new_context(ctx)
+        return "".join(self.template.blocks[name](context)).strip()
+
+    def render(self, reference: Trajectory, *, variation: int = 0, **extra: str) -> Prompt:
+        """Messages for one call: the static system block, then the per-call user block.
+
+        ``extra`` adds per-call variables of the user block (``scenario_json`` for the
+        grounded template).
+        """
+        reference_json = json.dumps(render_output(reference), indent=1, ensure_ascii=False)
+        # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
+        # letting a seed start a line of its own inside the prompt.
+        for raw, escaped in _LINE_BREAKS:
+            reference_json = reference_json.replace(raw, escaped)
+        user = self._block(
+            "user",
+            variation=variation + 1,
+            direction=DIRECTIONS[variation % len(DIRECTIONS)],
+            reference_json=reference_json,
+            **extra,
+        )
+        messages = [
+            {"role": "system", "content": self.static},
+            {"role": "user", "content": user},
+        ]
+        return Prompt(messages=messages, static_chars=len(self.static))

@@ -1,0 +1,113 @@
+"""What a run returns, and the manifest and progress bar every job starts from.
+
+Why a module of its own: ``runner`` dispatches to the jobs (``factory.engine.jobs``)
+and the jobs build the same ``RunResult``; with these in ``runner`` the jobs and
+the runner imported each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from factory.config import RecipeConfig, config_hash
+from factory.engine.console import ProgressBar, run_clock
+from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE
+from factory.io.writer import Manifest
+
+__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest"]
+
+STAGE_ORDER = (
+    "read",
+    "parse",
+    "seed_check",
+    "validate",
+    "prefilter",
+    "amplify",
+    "postprocess",
+    "export",
+    "dedup",
+)
+CAPS = ("max_calls", "max_cost_usd", "max_tokens")
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    totals: dict[str, int]
+    manifest: dict[str, Any]
+    # Why the run ended short of its target: a cap (``max_cost_usd`` ...), ``no_progress``
+    # (a round accepted nothing) or ``cache_write`` (the cache refused a response).
+    stopped_by: str | None = None
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # a write failure that stopped the run (path and OS error)
+
+    @property
+    def exit_code(self) -> int:
+        """0 only when the run did what was asked (README, "Exit codes")."""
+        if self.error is not None:
+            return EXIT_WRITE
+        if self.stopped_by in CAPS:
+            return EXIT_BUDGET
+        return EXIT_INCOMPLETE if self.stopped_by else EXIT_OK
+
+    def summary(self) -> str:
+        t = self.totals
+        lines = [
+            f"output: {self.out_dir}",
+            f"rows: {t.get('total', 0)} total = {t.get('accepted', 0)} accepted"
+            f" + {t.get('surplus', 0)} surplus + {t.get('rejected', 0)} rejected"
+            f" + {t.get('failed', 0)} failed",
+        ]
+        decided = self.manifest.get("stages", {})
+        if decided:
+            lines.append(f"{'deciding stage':<16}{'accepted':>10}{'rejected':>10}{'failed':>8}")
+            order = {s: i for i, s in enumerate(STAGE_ORDER)}
+            for stage in sorted(decided, key=lambda s: order.get(s, 99)):
+                c = decided[stage]
+                lines.append(
+                    f"{stage:<16}{c.get('accepted', 0):>10}{c.get('rejected', 0):>10}"
+                    f"{c.get('failed', 0):>8}"
+                )
+        reasons = self.manifest.get("reasons", {})
+        for stage, codes in reasons.items():
+            for code, n in sorted(codes.items(), key=lambda kv: -kv[1]):
+                lines.append(f"  {stage}: {code} x{n}")
+        tokens = self.manifest.get("tokens") or {}
+        if tokens:
+            lines.append(
+                f"tokens: prompt {tokens.get('prompt_tokens', 0):,} (cached "
+                f"{tokens.get('cached_tokens', 0):,}), completion "
+                f"{tokens.get('completion_tokens', 0):,}; cost "
+                f"{self.manifest.get('cost_usd', 0):.4f} USD"
+            )
+        retries = self.manifest.get("retries") or {}
+        if retries:  # summarised here; one line per retry only at DEBUG
+            by_count = sorted(retries.items(), key=lambda kv: -kv[1])
+            lines.append("retries: " + ", ".join(f"{code} x{n}" for code, n in by_count))
+        if self.extra.get("report"):
+            lines.append(self.extra["report"])
+        since = self.manifest.get("wall_time_from")
+        lines.append(f"wall time: {self.wall_s:.1f}s" + (f" (since {since})" if since else ""))
+        if self.stopped_by in CAPS:
+            lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
+        elif self.stopped_by:
+            lines.append(
+                f"stopped before the target: {self.stopped_by} "
+                "(run the same command again to continue)"
+            )
+        return "\n".join(lines)
+
+
+def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
+    return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
+
+
+def new_manifest(cfg: RecipeConfig) -> Manifest:
+    """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
+    started, since = run_clock()
+    return Manifest(
+        recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
+    )

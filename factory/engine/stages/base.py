@@ -1,0 +1,226 @@
+"""Stage plumbing: the row shape every stage reads and writes, and the batch adapter.
+
+A stage is a pure function over one row (``process``), or for LLM stages an
+async one (``aprocess``). ``StageUDF`` does the Ray Data plumbing once for all
+of them (the idea of Ray's ``StatefulStageUDF``): it turns an Arrow batch into
+rows, checks the stage's required columns (a missing one is an error naming
+the stage and key), passes rows that earlier stages rejected or failed
+through untouched, turns an unexpected exception on one row into a failed
+row (``Type: message``), and returns exactly one output row per input row in a
+fixed Arrow schema. Failures are data: nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import ABC
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from factory.errors import FactoryError, short
+
+__all__ = [
+    "FAILED",
+    "OK",
+    "REJECTED",
+    "ROW_SCHEMA",
+    "Stage",
+    "StageUDF",
+    "fail",
+    "make_row",
+    "reject",
+    "rows_to_table",
+]
+
+OK, REJECTED, FAILED = "ok", "rejected", "failed"
+UNISSUED = "unissued"  # never sent: a budget cap (or a broken cache) stopped it first
+RAW_LIMIT = 4000  # characters of raw input kept on reject rows
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),  # trajectory content id, or a work-item id before there is one
+        ("status", pa.string()),  # ok | rejected | failed
+        ("stage", pa.string()),  # last stage that touched the row (the deciding one if not ok)
+        ("reason", pa.string()),  # reason code (factory.core.reasons) when not ok
+        ("message", pa.string()),  # human detail, truncated
+        ("source", pa.string()),  # provenance: "file:index" or "seed-id#variation"
+        ("raw", pa.string()),  # raw input / completion kept for rejects (truncated)
+        ("record", pa.string()),  # canonical Trajectory JSON
+        ("seed_id", pa.string()),  # the seed a generated row comes from
+        ("call_index", pa.int64()),  # global amplification call number
+        ("request_id", pa.string()),  # content-derived LLM request id
+        ("verdict", pa.string()),  # pre-filter verdict JSON
+        ("completion", pa.string()),  # raw model output
+        ("usage", pa.string()),  # token usage JSON
+        ("cost_usd", pa.float64()),
+        ("attempts", pa.int64()),  # attempts that reached the wire
+        ("retries", pa.string()),  # retried attempts / requests by reason (JSON)
+        ("latency_s", pa.float64()),
+        ("endpoint", pa.string()),
+        ("fingerprint", pa.string()),  # system_fingerprint of the serving model
+        ("output", pa.string()),  # exported training row (JSON) when accepted
+        ("labels", pa.string()),  # stratification labels JSON
+        ("grounding", pa.string()),  # replay result on the executable world (JSON)
+        ("cached", pa.bool_()),  # the LLM response came from the cache (paid by an earlier run)
+        # Per row, over all its requests (a judge may ask again): responses replayed from
+        # the cache, and what this run paid; the manifest's figures are their sums.
+        ("cached_responses", pa.int64()),
+        ("paid_usd", pa.float64()),
+        # {"request_id", "record", "error"} JSON of a paid response the cache could not store:
+        # the driver keeps it (OUT/unstored/) and stops the run (factory.io.runstate).
+        ("unstored", pa.string()),
+    ]
+)
+COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)
+
+
+def make_row(**values: Any) -> dict[str, Any]:
+    """A row with every column present (None where unset), status ok by default."""
+    row = dict.fromkeys(COLUMNS)
+    row["status"] = OK
+    unknown = set(values) - set(COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown row columns: {sorted(unknown)}")
+    row.update(values)
+    return row
+
+
+def reject(row: dict[str, Any], stage: str, reason: str, message: str, *, raw: Any = None) -> dict:
+    """Mark ``row`` rejected by ``stage`` (bad content: a rule or a judge said no)."""
+    row.update(status=REJECTED, stage=stage, reason=reason, message=short(message, 500))
+    if raw is not None:
+        row["raw"] = short(raw, RAW_LIMIT)
+    return row
+
+
+def fail(row: dict[str, Any], stage: str, reason: str, message: str) -> dict:
+    """Mark ``row`` failed by ``stage`` (the factory could not process it, e.g. LLM down)."""
+    row.update(status=FAILED, stage=stage, reason=reason, message=short(message, 500))
+    return row
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+
+
+class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
+    """One step of a pipeline over rows. Subclasses set ``name``, ``requires`` and
+    implement ``process(row)`` (sync) or ``aprocess(row)`` (async, for I/O)."""
+
+    name: ClassVar[str] = "stage"
+    requires: ClassVar[tuple[str, ...]] = ("record",)
+
+    def process(self, row: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+        return self.process(row)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stages hold nothing
+        """Release what the stage holds (HTTP sessions); called when its actor ends."""
+
+    @property
+    def is_async(self) -> bool:
+        return type(self).aprocess is not Stage.aprocess
+
+    def check_columns(self, row: dict[str, Any]) -> None:
+        missing = [k for k in self.requires if row.get(k) is None]
+        if missing:
+            raise FactoryError(
+                f"stage {self.name!r} needs column {missing[0]!r}, which the row lacks",
+                stage=self.name,
+                row_id=row.get("id"),
+            )
+
+    def _guard(self, row: dict[str, Any], exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, FactoryError) and exc.stage == self.name and "needs column" in str(exc):
+            raise exc  # a wiring bug, not a data problem: stop loudly
+        reason = (exc.reason if isinstance(exc, FactoryError) else None) or "internal_error"
+        desc = exc.describe() if isinstance(exc, FactoryError) else f"{type(exc).__name__}: {exc}"
+        return fail(row, self.name, reason, desc)
+
+    def run_one(self, row: dict[str, Any]) -> dict[str, Any]:
+        if row.get("status") != OK:
+            return row
+        self.check_columns(row)
+        try:
+            out = self.process(row)
+        except Exception as exc:
+            return self._guard(row, exc)
+        out.setdefault("stage", self.name)
+        if out.get("status") == OK:
+            out["stage"] = self.name
+        return out
+
+    async def arun_one(self, row: dict[str, Any]) -> dict[str, Any]:
+        if row.get("status") != OK:
+            return row
+        self.check_columns(row)
+        try:
+            out = await self.aprocess(row)
+        except Exception as exc:
+            return self._guard(row, exc)
+        if out.get("status") == OK:
+            out["stage"] = self.name
+        return out
+
+    def run_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Sync entry point over a list of rows (used by tests and the local runner)."""
+        if self.is_async:
+            return asyncio.run(self.arun_rows(rows))
+        return [self.run_one(r) for r in rows]
+
+    async def arun_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """All rows of a batch concurrently; the stage's own client bounds concurrency."""
+        return list(await asyncio.gather(*(self.arun_one(r) for r in rows)))
+
+
+StageSpec = tuple[Callable[..., Stage], tuple[Any, ...]]
+
+
+def _rows(batch: pa.Table) -> list[dict[str, Any]]:
+    """Rows with every column; a source without a status (a range read) starts ok."""
+    return [{**dict.fromkeys(COLUMNS), "status": OK, **r} for r in batch.to_pylist()]
+
+
+class StageUDF:
+    """Ray Data callable class around a chain of stages, built once per actor.
+
+    Each spec is ``(build, args)``; ``build(*args)`` runs inside the actor, so
+    clients, compiled schemas and templates are created there, not pickled from
+    the driver. Chaining stages in one actor (amplify, then postprocess) saves
+    a serialisation hop per row; each stage stays its own module and function.
+    """
+
+    def __init__(self, specs: list[StageSpec]):
+        from factory.engine import watchdog
+
+        watchdog.start()  # stop calling and exit when the run's driver is gone
+        self.stages: list[Stage] = [build(*args) for build, args in specs]
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = _rows(batch)
+        for stage in self.stages:
+            rows = stage.run_rows(rows)
+        return rows_to_table(rows)
+
+    def __del__(self) -> None:  # Ray Data calls this when the actor shuts down gracefully
+        for stage in getattr(self, "stages", []):
+            with contextlib.suppress(Exception):  # best effort at shutdown
+                stage.close()
+
+
+class AsyncStageUDF(StageUDF):
+    """The async variant: Ray Data runs several batches of one actor concurrently."""
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = _rows(batch)
+        for stage in self.stages:
+            if stage.is_async:
+                rows = await stage.arun_rows(rows)
+            else:  # CPU work off the event loop, so responses of other batches keep flowing
+                rows = await asyncio.to_thread(stage.run_rows, rows)
+        return rows_to_table(rows)

@@ -1,0 +1,126 @@
+"""Completion -> accepted training row, or a reject that keeps the raw completion.
+
+Order: parse (with lossless JSON repair) -> deployment system prompt and the
+domain's tools -> grounding, when the recipe has it (replay every call on the
+executable world; verify rejects a contradiction, ground replaces simulated
+observations) -> validation (tool schemas, so hallucinated tools are rejected;
+domain rules; LLaMA-Factory structure) -> trajectory labels -> export. Like
+Simia's last step, the system prompt the model saw while generating is replaced
+by the one the agent will be deployed with.
+
+Labels: with grounding, ``delta_size`` is the exact |Δ| from the executor;
+without, ``write_calls`` counts successful write calls (a different name, so a
+proxy is never mistaken for an exact label).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from factory.config import RecipeConfig
+from factory.core.formats.completion import parse_output
+from factory.core.labels import trajectory_labels
+from factory.core.validate import validate
+from factory.engine.stages.amplify import grounding_world
+from factory.engine.stages.base import Stage, reject
+from factory.engine.stages.export import sharegpt_row
+from factory.envs.pack import Domain, load_domain
+from factory.envsim.grounding import apply_mode, replay
+from factory.errors import RepairError
+
+__all__ = ["PostprocessStage", "deployment_system_prompt"]
+
+_HERMES_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_HERMES_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def deployment_system_prompt(domain: Domain, fmt: str) -> tuple[str, bool]:
+    """(system prompt, tools-in-column) for the output rows.
+
+    ``json``: the policy only; tools go in the ``tools`` column and LLaMA-Factory's
+    template renders them. ``hermes``: the policy plus a Hermes ``<tools>`` block,
+    and no ``tools`` column (it would be rendered twice).
+    """
+    policy = domain.policy.strip()
+    if fmt == "hermes":
+        lines = "\n".join(
+            json.dumps({"type": "function", "function": t}, ensure_ascii=False)
+            for t in domain.public_tools()
+        )
+        return f"{policy}\n\n{_HERMES_HEADER}{lines}{_HERMES_FOOTER}", False
+    return policy, True
+
+
+class PostprocessStage(Stage):
+    name = "postprocess"
+    requires = ("completion",)  # produces: id, output (accepted) or reason + raw (rejected)
+
+    def __init__(self, cfg: RecipeConfig):
+        assert cfg.amplify is not None
+        self.domain = load_domain(cfg)
+        self.reasoning = cfg.output.reasoning
+        grounding = cfg.amplify.grounding
+        self.mode = grounding.mode if grounding else None
+        self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
+        self.scenario_seed = cfg.amplify.seed
+        self.system, self.tools_in_column = deployment_system_prompt(
+            self.domain, cfg.amplify.system_prompt_format
+        )
+
+    def process(self, row: dict[str, Any]) -> dict[str, Any]:
+        try:
+            traj = parse_output(row["completion"])
+        except RepairError as exc:
+            return reject(row, self.name, exc.reason, str(exc), raw=row["completion"])
+        traj.system = self.system
+        traj.tools = self.domain.tools
+        traj.metadata.update(
+            source=row.get("source"),
+            seed_id=row.get("seed_id"),
+            generator=row.get("fingerprint"),
+        )
+        delta_size = None
+        if self.world is not None and self.mode is not None:
+            scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
+            result = replay(traj, self.world.fresh_env())
+            grounded, info = apply_mode(traj, result, self.mode)
+            summary = {k: v for k, v in info.items() if k not in ("message", "reason")}
+            row["grounding"] = json.dumps(summary)  # counted for rejected rows too
+            if grounded is None:
+                return reject(
+                    row, self.name, info["reason"], info["message"], raw=row["completion"]
+                )
+            traj = grounded
+            traj.metadata["grounding"] = {**summary, "user_id": self.world.subject(scenario)}
+            delta_size = info["delta_size"]
+        issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
+        if issues:
+            detail = "; ".join(str(i) for i in issues[:3])
+            return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
+        labels = trajectory_labels(
+            traj, write_tools=self.domain.write_tools(), delta_size=delta_size
+        )
+        traj.metadata["labels"] = labels
+        row["labels"] = json.dumps(labels)
+        traj.metadata["id"] = traj.content_id()
+        out = sharegpt_row(traj, self.reasoning)
+        if not self.tools_in_column:
+            out["tools"] = ""
+        # Accepted rows carry only the training row to the driver: the record and the raw
+        # completion would double what crosses the object store for nothing.
+        row.update(
+            id=traj.id, record=None, completion=None, output=json.dumps(out, ensure_ascii=False)
+        )
+        return row
+
+
+def build_postprocess(cfg: RecipeConfig) -> PostprocessStage:
+    return PostprocessStage(cfg)

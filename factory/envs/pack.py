@@ -1,0 +1,128 @@
+"""A domain pack: the tools, the policy and the validation rules of one domain.
+
+Why a pack and not code: a new domain should need data files (a tool list, a
+policy, ``filters/<domain>.yaml``), not a Python module. A recipe names the
+files; a recipe that names none uses the pack its domain's plug-in ships
+(``factory.envs.plugin.DataPack``). The executable world of a domain is an
+optional part of the plug-in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from factory.core.trajectory import normalize_tool_spec
+from factory.errors import ConfigError
+
+if TYPE_CHECKING:
+    from factory.config import RecipeConfig
+    from factory.core.rules import DomainRules
+
+__all__ = ["KINDS", "Domain", "load_domain"]
+
+KINDS = ("read", "write", "generic")
+
+
+@dataclass
+class Domain:
+    """Tools (bare specs, with ``x-kind``), policy text and rules of a domain."""
+
+    name: str
+    tools: list[dict[str, Any]]
+    policy: str = ""
+    rules: DomainRules | None = None
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    def public_tools(self) -> list[dict[str, Any]]:
+        """Tool specs as models and trainers see them: without ``x-`` keys."""
+        return [{k: v for k, v in t.items() if not k.startswith("x-")} for t in self.tools]
+
+    def write_tools(self) -> set[str]:
+        return {name for name, kind in self.kinds.items() if kind == "write"}
+
+
+def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read tools file {path}: {exc.strerror}", key_path=key_path
+        ) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"tools file {path} is not JSON text: {exc}", key_path=key_path) from exc
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"tools file {path} must hold a non-empty list", key_path=key_path)
+    tools, kinds = [], {}
+    for i, spec in enumerate(raw):
+        try:
+            tool = normalize_tool_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"tool #{i} in {path}: {exc}", key_path=key_path) from exc
+        kind = tool.get("x-kind", "generic")
+        if kind not in KINDS:
+            raise ConfigError(
+                f"tool {tool['name']!r}: x-kind must be one of {KINDS}, got {kind!r}",
+                key_path=key_path,
+            )
+        tools.append(tool)
+        kinds[tool["name"]] = kind
+    return tools, kinds
+
+
+def load_domain(cfg: RecipeConfig) -> Domain:
+    """Load the pack the recipe's ``domain`` section points at.
+
+    Raises:
+        ConfigError: a file is missing or malformed (the key path names the recipe field).
+    """
+    from factory.core.rules import DomainRules  # local: rules imports jsonschema validators
+
+    tools_path, policy_path, rules_path = _pack_paths(cfg)
+    tools, kinds = _load_tools(tools_path, "domain.tools")
+    policy = ""
+    if policy_path is not None:
+        try:
+            policy = policy_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read policy: {exc}", key_path="domain.policy") from exc
+    rules = None
+    if rules_path is not None:
+        if not rules_path.is_file():
+            raise ConfigError(f"rules file {rules_path} not found", key_path="domain.rules")
+        try:
+            rules = DomainRules.load(rules_path)
+        except ConfigError as exc:  # name the recipe field, then where in the file
+            where = f" ({exc.key_path})" if exc.key_path else ""
+            raise ConfigError(f"{rules_path}{where}: {exc}", key_path="domain.rules") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{rules_path} is not text: {exc}", key_path="domain.rules") from exc
+    return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+
+
+def _pack_paths(cfg: RecipeConfig) -> tuple[Path, Path | None, Path | None]:
+    """The recipe's files, or (when it names no tools) its domain plug-in's pack."""
+    d = cfg.domain
+    if d.tools is not None:
+        return (
+            cfg.resolve(d.tools),
+            cfg.resolve(d.policy) if d.policy else None,
+            cfg.resolve(d.rules) if d.rules else None,
+        )
+    from factory.envs.registry import get_plugin
+
+    try:
+        pack = get_plugin(d.name, needs="pack").pack
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; or name the domain's files (domain.tools, domain.policy, domain.rules)",
+            key_path="domain.tools",
+        ) from exc
+    assert pack is not None
+    return (
+        pack.tools,
+        cfg.resolve(d.policy) if d.policy else pack.policy,
+        cfg.resolve(d.rules) if d.rules else pack.rules,
+    )

@@ -1,0 +1,479 @@
+"""Resumable runs: what an output folder holds, and whether a run may continue it.
+
+``OUT/run.json`` records the recipe a folder was produced with, the run's
+status (running, stopped, done) and the rounds of calls it issued. Starting a
+run on a folder:
+
+* the folder's lock (``OUT/.lock``, an OS lock held for the run's life) is taken
+  first: a second run on a folder in use is refused before it touches anything,
+  naming the holder; the kernel releases the lock of a run that dies, so a
+  crashed run never holds its folder;
+* empty folder: a new run;
+* same recipe (up to the settings below that never change a request or a row):
+  the run is resumed. Every output file is rebuilt from the response cache,
+  which holds every completed LLM response, so no completed call is paid for
+  twice; the rounds the earlier run issued are issued again first (all cached),
+  so the rebuilt dataset equals what an uninterrupted run writes;
+* a different recipe: refused, naming the keys that changed (mixing two
+  recipes in one output would make the dataset meaningless); ``--fresh``
+  starts over instead, keeping the response cache unless ``--drop-cache``;
+* a run that finished: nothing to do, unless ``--retry-failed`` asks to retry
+  the calls that failed (they are never cached, so they are issued again) or
+  ``amplify.target`` changed (the run continues: cached calls are replayed and
+  only the missing rows are paid for).
+
+Paid responses the cache could not store (disk full) wait in ``OUT/unstored/``
+in the cache's own line format; the next run stores them in the cache before
+anything else, so they are never requested again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from factory.config import RecipeConfig
+from factory.errors import ConfigError, OutputLocked, OutputWriteError
+from factory.io.writer import atomic_write_text, writing
+
+__all__ = [
+    "LOCK_FILE",
+    "RESUMABLE",
+    "UNSTORED_DIR",
+    "OutputLock",
+    "changed_keys",
+    "finish_run",
+    "hold_output",
+    "load_rounds",
+    "prepare_output",
+    "restore_unstored",
+    "save_rounds",
+    "save_unstored",
+    "verify_output",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "run.json"
+LOCK_FILE = ".lock"
+CACHE_DIR = "cache"  # the default cache location inside the output folder
+UNSTORED_DIR = "unstored"
+GENERATED = (
+    "data",
+    "surplus",
+    "rejects",
+    "failed",
+    "candidates",
+    "manifest.json",
+    "dataset_info.json",
+    ".tmp",
+)
+# Settings that change neither a request nor a row: a resumed run may change them
+# (raise a cap, use other servers, tune concurrency).
+RESUMABLE = (
+    "output.dir",
+    "amplify.max_cost_usd",
+    "amplify.max_tokens",
+    "amplify.max_calls",
+    "amplify.target",
+    "llm.endpoints",
+    "llm.backend",
+    "llm.backend_options",
+    "llm.transport",
+    "llm.concurrency",
+    "llm.per_actor_concurrency",
+    "llm.timeout_s",
+    "llm.retry",
+    "llm.deadline",
+    "ray",
+    "cache",
+    "envsim.max_episodes",
+    "envsim.episodes_per_round",
+)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Key paths whose values differ, other than the resumable ones."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    return [k for k in keys if not any(k == r or k.startswith(r + ".") for r in RESUMABLE)]
+
+
+# -- one run per folder ------------------------------------------------------------------
+
+
+class OutputLock:
+    """An exclusive ``flock`` on ``OUT/.lock``, held while a run uses the folder.
+
+    Why ``flock``: the kernel drops it when the holding process dies however it
+    dies (``kill -9``, OOM killer, node reboot), so there is no stale lock to
+    clean up by hand, and a second process (a retried ``ray job submit``) learns
+    at once that the folder is taken. The file also names the holder (pid, host,
+    start time) for the refusal message. The descriptor is close-on-exec, so a
+    process the run starts does not keep the folder locked after the run died.
+    """
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or refuse.
+
+        Raises:
+            OutputLocked: another live process holds it (message names the holder).
+            OutputWriteError: the folder or the lock file cannot be created.
+        """
+        with writing(self.path):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise OutputLocked(
+                f"{self.out_dir} is in use by another run ({holder}); one folder takes one "
+                "run at a time: wait for that run to end (or stop it), or choose another "
+                "--output. A run that dies releases the folder by itself."
+            ) from None
+        except OSError as exc:  # e.g. ENOLCK on a filesystem without locks
+            os.close(fd)
+            raise OutputWriteError(
+                self.path, exc, hint="the output folder must be on a filesystem with flock"
+            ) from exc
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with contextlib.suppress(OSError):  # naming the holder is a courtesy; the lock holds
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # before unlocking: the next holder writes its own name
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> OutputLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "holder not recorded yet"
+    return f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started')}"
+
+
+@contextlib.contextmanager
+def hold_output(out_dir: Path) -> Iterator[OutputLock]:
+    """Hold ``out_dir``'s lock for the block (see ``OutputLock``)."""
+    with OutputLock(out_dir) as lock:
+        yield lock
+
+
+# -- preparing and finishing a run -------------------------------------------------------
+
+
+def prepare_output(
+    cfg: RecipeConfig,
+    out_dir: Path,
+    *,
+    fresh: bool,
+    retry_failed: bool,
+    drop_cache: bool = False,
+) -> str:
+    """Get ``out_dir`` ready; returns ``new``, ``resume`` or ``done`` (nothing to do).
+
+    Call with the folder's lock held (``hold_output``): this deletes what the
+    previous run of the folder generated.
+
+    Raises:
+        ConfigError: the folder holds a run of a different recipe (keys listed).
+        OutputWriteError: paid responses waiting in ``unstored/`` cannot be stored.
+    """
+    state_path = out_dir / STATE_FILE
+    recipe = cfg.model_dump(mode="json")
+    mode = "new"
+    rounds: list[dict[str, Any]] = []
+    if not (fresh and drop_cache):
+        restore_unstored(cfg, out_dir)  # paid for: into the cache before anything else
+    if fresh:
+        if out_dir.exists():
+            log.info(_clear_for_fresh(cfg, out_dir, drop_cache=drop_cache))
+    elif state_path.is_file():
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        old_recipe = state.get("recipe", {})
+        changed = changed_keys(old_recipe, recipe)
+        if changed:
+            raise ConfigError(
+                f"{out_dir} holds a run of a different recipe (changed: {', '.join(changed)}); "
+                "use --fresh to start over (the response cache is kept) or another --output",
+                key_path=changed[0],
+            )
+        if (
+            state.get("status") == "done"
+            and not retry_failed
+            and not _target_changed(old_recipe, recipe)
+        ):
+            return "done"
+        mode = "resume"
+        rounds = list(state.get("rounds") or [])
+    for name in GENERATED:  # rebuilt from the cache; the cache itself is kept
+        target = out_dir / name
+        with writing(target):
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    with writing(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir, recipe, "running", rounds=rounds)
+    return mode
+
+
+def _target_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A finished run whose target changed continues (raising it asks for more rows)."""
+    before, now = old.get("amplify") or {}, new.get("amplify") or {}
+    return bool(before.get("target") != now.get("target"))
+
+
+def _clear_for_fresh(cfg: RecipeConfig, out_dir: Path, *, drop_cache: bool) -> str:
+    """Delete what ``--fresh`` starts over from; say what was kept and what dropped.
+
+    The response cache holds answers the user paid for; a request of the new run
+    that equals a cached one costs nothing, so it is kept unless asked.
+    """
+    keep = {LOCK_FILE} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
+    for child in out_dir.iterdir():
+        if child.name in keep:
+            continue
+        with writing(child):
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    local = out_dir / CACHE_DIR
+    if cfg.cache.path:
+        where = f"the response cache at {cfg.cache.path} is outside the folder and was kept"
+        return f"--fresh: cleared {out_dir}; {where}"
+    if drop_cache:
+        return f"--fresh --drop-cache: cleared {out_dir}, its response cache included"
+    if not local.is_dir():
+        return f"--fresh: cleared {out_dir} (it held no response cache)"
+    size = sum(p.stat().st_size for p in local.glob("*.jsonl"))
+    return (
+        f"--fresh: cleared {out_dir} but kept its response cache {local} ({size / 1e6:.1f} MB): "
+        "responses already paid for are reused; add --drop-cache to delete it too"
+    )
+
+
+def _read_state(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / STATE_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _write(out_dir: Path, recipe: dict[str, Any], status: str, **extra: Any) -> None:
+    body = {
+        "status": status,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": recipe,
+        **extra,
+    }
+    atomic_write_text(out_dir / STATE_FILE, json.dumps(body, indent=2) + "\n", out_dir)
+
+
+def load_rounds(out_dir: Path) -> list[dict[str, Any]]:
+    """The rounds of calls earlier runs of this folder issued (``save_rounds``)."""
+    return list(_read_state(out_dir).get("rounds") or [])
+
+
+def save_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> None:
+    """Record the rounds issued so far (each ``{"start", "n", "plan"}``) before a round
+    starts, so a resumed or extended run issues exactly these requests again first
+    (all answered from the cache) instead of a new split that would leave paid
+    responses unused."""
+    state = _read_state(out_dir)
+    _write(out_dir, state.get("recipe", {}), state.get("status", "running"), rounds=rounds)
+
+
+def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> None:
+    """Record that the run ended: ``done``, or ``stopped`` (by a cap, by a failure, or
+    short of the target) and resumable.
+
+    The folder is checked against its manifest first (``verify_output``): run.json
+    never says ``done`` over files that are not there.
+    """
+    manifest = verify_output(out_dir)
+    _write(
+        out_dir,
+        cfg.model_dump(mode="json"),
+        "stopped" if stopped_by else "done",
+        stopped_by=stopped_by,
+        totals=manifest.get("totals"),
+        rounds=load_rounds(out_dir),
+    )
+
+
+# -- the manifest against the disk ---------------------------------------------------------
+
+# Folders whose every file the manifest must list (a loader reads data/ whole).
+LISTED_DIRS = ("data", "surplus", "candidates", "rejects", "failed")
+
+
+def _rows_in(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with open(path, "rb") as fh:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+
+
+def verify_output(out_dir: Path) -> dict[str, Any]:
+    """Check that every file the manifest lists is on disk with its row count and that
+    the listed folders hold no other file; returns the manifest.
+
+    Why: a manifest is a promise to whoever trains on the folder. If anything else
+    wrote into or deleted from the folder (or a write was lost), the run must not
+    end as ``done``.
+
+    Raises:
+        OutputWriteError: a listed file is missing or has other rows, or an unlisted
+            file sits among the shards.
+    """
+    path = out_dir / "manifest.json"
+    if not path.is_file():
+        raise OutputWriteError(path, "missing at the end of the run")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    listed: dict[str, int] = manifest.get("files") or {}
+    for rel, rows in listed.items():
+        file = out_dir / rel
+        if not file.is_file():
+            raise OutputWriteError(file, "listed in the manifest but not on disk")
+        found = _rows_in(file)
+        if found != rows:
+            raise OutputWriteError(file, f"holds {found} rows, the manifest says {rows}")
+    for sub in LISTED_DIRS:
+        folder = out_dir / sub
+        if not folder.is_dir():
+            continue
+        for file in sorted(folder.rglob("*")):
+            rel = file.relative_to(out_dir).as_posix()
+            if file.is_file() and rel not in listed:
+                raise OutputWriteError(file, "on disk but not written by this run")
+    return manifest
+
+
+# -- paid responses the cache could not store -----------------------------------------------
+
+
+def save_unstored(out_dir: Path, entries: list[tuple[str, dict[str, Any]]]) -> str:
+    """Keep paid responses the cache refused, in the cache's line format; returns where.
+
+    Tried in order: ``OUT/unstored/`` (restored into the cache by the next run), the
+    system temp folder (another volume, usually), and as a last resort stderr: a
+    response is never dropped silently.
+    """
+    from factory.io.cache import encode_line
+
+    if not entries:
+        return ""
+    data = b"".join(encode_line(rid, record) for rid, record in entries)
+    # Nanoseconds first: files sort in the order they were written (two saves within
+    # one second kept their order only by chance with a seconds stamp).
+    name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+    try:
+        atomic_write_text(out_dir / UNSTORED_DIR / name, data.decode(), out_dir)
+        return str(out_dir / UNSTORED_DIR) + "/"
+    except OutputWriteError as exc:
+        first_error = str(exc)
+    fallback = Path(tempfile.gettempdir()) / f"factory-unstored-{name}"
+    try:
+        with writing(fallback):
+            fallback.write_bytes(data)
+        return (
+            f"{fallback} ({first_error}); move it into {out_dir / UNSTORED_DIR}/ "
+            "so the next run stores it in the cache"
+        )
+    except OutputWriteError:
+        pass
+    sys.stderr.write("factory: unstored responses (cache lines) follow\n")
+    sys.stderr.write(data.decode())
+    return "stderr (no folder could be written)"
+
+
+def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
+    """Store the responses waiting in ``OUT/unstored/`` in the response cache, then
+    delete them; returns how many were stored.
+
+    Raises:
+        OutputWriteError: the cache still refuses writes (no call may be issued until
+            it accepts them, or the answers would be lost again).
+    """
+    folder = out_dir / UNSTORED_DIR
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not files or not cfg.cache.enabled:
+        return 0
+    from factory.io.cache import ResponseCache, decode_line
+
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    stored = 0
+    try:
+        with ResponseCache(location) as cache:
+            for file in files:
+                for line in file.read_bytes().splitlines():
+                    try:
+                        key = json.loads(line).get("k")
+                    except ValueError:
+                        continue
+                    record = decode_line(line, key) if isinstance(key, str) else None
+                    if record is not None:
+                        cache.put(key, record)
+                        stored += 1
+    except OSError as exc:
+        raise OutputWriteError(
+            location,
+            exc,
+            hint=f"paid responses wait in {folder}/ and are stored in the cache by the next "
+            "run; make the cache writable (free space) and run the same command again",
+        ) from exc
+    for file in files:
+        file.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    log.info("stored %d paid responses from %s in the response cache %s", stored, folder, location)
+    return stored

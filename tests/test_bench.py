@@ -1,0 +1,55 @@
+"""``factory.bench`` takes its recipe and seeds from ``--recipe``, never from a domain's name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from factory.bench import default_recipe, main, make_seeds
+from factory.errors import EXIT_CONFIG, ConfigError
+
+from .conftest import ROOT
+
+
+def _recipe_copy(folder: Path, name: str, seeds: Path) -> Path:
+    """The shipped amplify recipe, moved to ``folder`` and reading ``seeds``."""
+    text = (ROOT / "pipelines/airline.yaml").read_text(encoding="utf-8")
+    text = text.replace("../prompts/", f"{ROOT}/prompts/").replace(
+        "../filters/", f"{ROOT}/filters/"
+    )
+    text = text.replace("../seeds/airline/*.jsonl", str(seeds))
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_default_recipe_is_the_one_shipped_amplify_recipe() -> None:
+    assert default_recipe() == ROOT / "pipelines/airline.yaml"
+
+
+def test_two_amplify_recipes_need_recipe(tmp_path: Path) -> None:
+    seeds = ROOT / "seeds/airline/seeds.jsonl"
+    for name in ("one.yaml", "two.yaml"):
+        _recipe_copy(tmp_path, name, seeds)
+    with pytest.raises(ConfigError, match=r"pass --recipe.*one\.yaml, two\.yaml"):
+        default_recipe(tmp_path)
+
+
+def test_bench_seeds_come_from_the_recipe(tmp_path: Path) -> None:
+    shipped = (ROOT / "seeds/airline/seeds.jsonl").read_text(encoding="utf-8").splitlines()
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("\n".join(shipped[:2]) + "\n", encoding="utf-8")
+    recipe = _recipe_copy(tmp_path, "mine.yaml", mine)
+
+    out = make_seeds(3, tmp_path / "bench.jsonl", recipe=recipe)
+
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows[:2] == [json.loads(line) for line in shipped[:2]]
+    assert len(rows) == 3 and rows[2] not in rows[:2]  # a renamed variant of the first
+
+
+def test_unknown_recipe_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["amplify", "--recipe", "no-such-recipe.yaml"]) == EXIT_CONFIG
+    assert "recipe not found" in capsys.readouterr().err
