@@ -49,7 +49,9 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory):
 
     init_ray()  # applies the factory's DataContext settings to the running session
     yield ray
-    ray.shutdown()
+    from factory.engine.raycompat import shutdown_ray
+
+    shutdown_ray()
 
 
 @pytest.fixture()

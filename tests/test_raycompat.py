@@ -88,3 +88,50 @@ def test_the_setting_is_never_lowered(n: int) -> None:
     before = plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY
     await_batches_per_task(n)
     assert max(before, n) == plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY
+
+
+def test_reap_waits_for_a_process_and_kills_it_past_the_deadline() -> None:
+    import subprocess
+    import sys
+
+    from factory.engine.raycompat import _reap
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    _reap([quick, stuck], timeout_s=0.5)
+    assert quick.returncode == 0
+    assert stuck.returncode is not None  # killed and reaped: no handle left running
+
+
+SHUTDOWN_SCRIPT = """
+import ray
+from factory.engine.raycompat import shutdown_ray, start_local_ray
+start_local_ray(num_cpus=1)
+node = ray._private.worker._global_node
+handles = [i.process for infos in node.all_processes.values() for i in infos if i.process]
+shutdown_ray()
+print(len(handles), sum(h.returncode is None for h in handles))
+"""
+
+
+def test_shutdown_leaves_no_process_of_its_ray_running(tmp_path) -> None:
+    """Every process Ray started for this driver has exited and been reaped when
+    ``shutdown_ray`` returns (a handle dropped while its process runs warns, and pytest
+    fails the test that happens to collect it)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rs", dir="/tmp")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", "-c", SHUTDOWN_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    started, running = map(int, done.stdout.split()[-2:])
+    assert started >= 3 and running == 0

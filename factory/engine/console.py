@@ -167,9 +167,9 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
         try:
             if not ray_was_running and _ray_running():
                 _log_ray_dir()
-                import ray
+                from factory.engine.raycompat import shutdown_ray
 
-                ray.shutdown()
+                shutdown_ray()
         finally:
             sys.stderr.flush()
             sys.stderr.close()

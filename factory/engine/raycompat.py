@@ -20,7 +20,14 @@ from factory.config import RayConfig
 from factory.engine import interrupts
 from factory.engine.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
-__all__ = ["await_batches_per_task", "init_ray", "map_stage", "ray_address", "start_local_ray"]
+__all__ = [
+    "await_batches_per_task",
+    "init_ray",
+    "map_stage",
+    "ray_address",
+    "shutdown_ray",
+    "start_local_ray",
+]
 
 
 def ray_address(configured: str | None = None) -> str:
@@ -72,10 +79,47 @@ def start_local_ray(attempts: int = 3, **init_kwargs: Any) -> None:
         _discard_failed_start(before)
 
 
+def shutdown_ray(timeout_s: float = 30.0) -> None:
+    """Shut down the Ray this process started and wait until its processes have exited.
+
+    Why: ``ray.shutdown()`` signals its GCS, raylet, log monitor ... but on a busy machine
+    returns before they are gone, and drops their ``Popen`` handles; a handle collected
+    while its process runs warns "subprocess N is still running" (pytest turns that into
+    a test failure: a fresh-clone CI run, 2026-11-22), and a Ray started next races the
+    old one for the machine. The handles are taken before the shutdown and reaped after.
+    """
+    node = getattr(ray._private.worker, "_global_node", None)
+    handles = [
+        info.process
+        for infos in (node.all_processes.values() if node is not None else ())
+        for info in infos
+        if getattr(info, "process", None) is not None
+    ]
+    ray.shutdown()
+    _reap(handles, timeout_s)
+
+
+def _reap(handles: list[Any], timeout_s: float) -> None:
+    """Wait for each ``Popen`` in ``handles`` (kill the ones still running after
+    ``timeout_s`` in all), so none is collected while its process runs."""
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for proc in handles:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=10)
+
+
 def _discard_failed_start(before: set[int]) -> None:
     """End the processes a failed ``ray.init`` left running (a GCS, a raylet ...) so the
-    next attempt starts alone, and reap them through Ray's own ``Popen`` handles: a
-    handle never waited on warns when collected, which pytest turns into an error."""
+    next attempt starts alone, and reap them through Ray's own ``Popen`` handles (found
+    by pid: a failed start leaves no node object to ask)."""
     import gc
     import subprocess
 
@@ -88,10 +132,7 @@ def _discard_failed_start(before: set[int]) -> None:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     pids = {p.pid for p in left}
-    for obj in gc.get_objects():
-        if isinstance(obj, subprocess.Popen) and obj.pid in pids:
-            with contextlib.suppress(Exception):
-                obj.wait(timeout=10)
+    _reap([o for o in gc.get_objects() if isinstance(o, subprocess.Popen) and o.pid in pids], 10)
     psutil.wait_procs(left, timeout=10)
 
 
