@@ -24,13 +24,14 @@ from typing import Any
 from factory.collect import Collector
 from factory.config import RecipeConfig
 from factory.console import top_reasons
+from factory.dedup import DEDUP_STAGE, Deduper
 from factory.errors import SeedError
 from factory.mixture import Mixture, select
 from factory.prompts import PromptTemplate, estimate_tokens
 from factory.runner import RunResult, _progress, new_manifest
 from factory.runstate import load_rounds, save_rounds
 from factory.stages.amplify import amplify_template
-from factory.stages.base import FAILED, OK, REJECTED, UNISSUED
+from factory.stages.base import FAILED, OK, UNISSUED, reject
 from factory.writer import Manifest, RejectWriter, ShardWriter
 
 __all__ = ["plan_round", "preflight", "run_amplify"]
@@ -205,6 +206,7 @@ def _collect_seeds(
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
     failed = RejectWriter(out_dir, subdir="failed/seeds")
     kept: dict[str, str] = {}
+    dedup = Deduper("same content as seed {first}")  # phase 1 owns the seeds' filter
     tokens: Counter[str] = Counter()
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
     reasons: dict[str, int] = {}
@@ -224,13 +226,9 @@ def _collect_seeds(
         if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
             counts["unissued"] += 1
             continue
-        if row["status"] == OK and row["id"] in kept:
-            row.update(
-                status=REJECTED,
-                stage="dedup",
-                reason="duplicate",
-                message=f"same content as seed {row['id']}",
-            )
+        duplicate = dedup.check_row(row) if row["status"] == OK else None
+        if duplicate is not None:
+            reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
         if row["status"] == OK:
             kept[row["id"]] = row["record"]
             counts["kept"] += 1
