@@ -368,6 +368,149 @@ def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --- postprocess: parse + repair + validate + export per row, no Ray (issue 9) -------------
+POSTPROCESS_DEFECTS = ("malformed_json", "unknown_tool", "wrong_arg_type", "missing_observation")
+
+
+def postprocess_completions(n: int, *, seed: int = 0, defect_rate: float = 0.0) -> list[str]:
+    """``n`` completions as the devserver answers amplification prompts for the shipped seeds.
+
+    The devserver's own functions (renamed variants of each seed, 20% in a code
+    fence); ``defect_rate`` gives that share one of ``POSTPROCESS_DEFECTS`` (broken
+    JSON goes through json-repair, the others are rejected by validation).
+    """
+    from factory.devserver.simulate import (
+        amplify,
+        break_json,
+        compile_reference,
+        inject_defect,
+        render_json,
+    )
+    from factory.formats import parse_record
+    from factory.formats.completion import render_output
+
+    lines = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()
+    refs = [
+        compile_reference(render_output(parse_record(json.loads(line), source=f"seed:{i}")))
+        for i, line in enumerate(lines)
+    ]
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        answer = amplify(refs[i % len(refs)], rng)
+        defect = rng.choice(POSTPROCESS_DEFECTS) if rng.random() < defect_rate else None
+        if defect not in (None, "malformed_json"):
+            inject_defect(answer, defect, rng, avoid="")
+        text = render_json(answer, rng, 0.2)
+        if defect == "malformed_json":
+            text, _ = break_json(text, rng)
+        out.append(text)
+    return out
+
+
+def _postprocess_worker(path: str, repeat: int) -> dict[str, Any]:
+    """Time ``PostprocessStage.process`` over the completions in ``path`` (one per line).
+
+    Runs against whichever ``factory`` is first on ``sys.path`` (this branch, or an
+    older checkout put there by ``PYTHONPATH``), with that tree's own airline recipe,
+    so the old and the new code are timed on the same rows by the same harness.
+    Returns the best of ``repeat`` passes and a digest of every output row.
+    """
+    import hashlib
+
+    import factory
+    from factory.config import load_recipe
+    from factory.stages.base import make_row
+    from factory.stages.postprocess import PostprocessStage
+
+    completions: list[str] = json.loads(Path(path).read_text())
+    recipe = Path(factory.__file__).resolve().parents[1] / "pipelines/airline.yaml"
+    stage = PostprocessStage(load_recipe(recipe))
+    columns = ("status", "stage", "reason", "message", "id", "output", "labels", "raw")
+    best, digest, accepted = float("inf"), "", 0
+    for _ in range(max(1, repeat)):
+        rows = [
+            make_row(completion=c, seed_id=f"s{i % 41}", source=f"s#{i}", call_index=i)
+            for i, c in enumerate(completions)
+        ]
+        start = time.perf_counter()
+        out = [stage.run_one(row) for row in rows]
+        best = min(best, time.perf_counter() - start)
+        h = hashlib.sha256()
+        for row in out:
+            h.update(json.dumps([row.get(k) for k in columns]).encode())
+        digest, accepted = h.hexdigest(), sum(r["status"] == "ok" for r in out)
+    return {
+        "code": str(Path(factory.__file__).resolve().parents[1]),
+        "rows": len(completions),
+        "accepted": accepted,
+        "best_s": round(best, 4),
+        "trajectories_per_s": round(len(completions) / best, 1),
+        "outputs_sha256": digest,
+    }
+
+
+# Loads this file's harness by path, so an older checkout (without it) is timed by the
+# same code; ``factory`` itself is imported from the tree on PYTHONPATH and the cwd.
+_WORKER_BOOT = (
+    "import importlib.util, json, sys\n"
+    "spec = importlib.util.spec_from_file_location('_postprocess_harness', sys.argv[1])\n"
+    "mod = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(mod)\n"
+    "print(json.dumps(mod._postprocess_worker(sys.argv[2], int(sys.argv[3]))))\n"
+)
+
+
+def _run_postprocess_worker(src: Path, path: Path, repeat: int, procs: int) -> dict[str, Any]:
+    """``procs`` workers at once on the code in ``src``; per-process and summed rates."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, "-c", _WORKER_BOOT, str(Path(__file__).resolve()), str(path)]
+    cmd.append(str(repeat))
+    running = [
+        subprocess.Popen(cmd, env=env, cwd=src, stdout=subprocess.PIPE, text=True)
+        for _ in range(procs)
+    ]
+    reports = []
+    for proc in running:
+        stdout, _ = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"postprocess worker on {src} exited {proc.returncode}")
+        reports.append(json.loads(stdout))
+    return {
+        **reports[0],
+        "per_process_per_s": [r["trajectories_per_s"] for r in reports],
+        "total_per_s": round(sum(r["trajectories_per_s"] for r in reports), 1),
+    }
+
+
+def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
+    """The post-processing of one completion (parse, repair, validate, labels, export),
+    timed on the same completions for this code and, with ``--baseline DIR``, for an
+    older checkout in the same run; their output digests must agree."""
+    completions = postprocess_completions(args.rows, seed=args.seed, defect_rate=args.defect_rate)
+    report: dict[str, Any] = {
+        "rows": args.rows,
+        "defect_rate": args.defect_rate,
+        "procs": args.procs,
+        "cpus": os.cpu_count(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    with tempfile.TemporaryDirectory(prefix="pp-bench-") as tmp:
+        path = Path(tmp) / "completions.json"
+        path.write_text(json.dumps(completions))
+        trees = {"new": ROOT}
+        if args.baseline:
+            trees = {"old": Path(args.baseline).resolve(), **trees}
+        for name, src in trees.items():
+            report[name] = _run_postprocess_worker(src, path, args.repeat, args.procs)
+    if "old" in report:
+        old, new = report["old"], report["new"]
+        report["speedup"] = round(new["trajectories_per_s"] / old["trajectories_per_s"], 2)
+        report["same_outputs"] = old["outputs_sha256"] == new["outputs_sha256"]
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m factory.bench")
     sub = p.add_subparsers(dest="what", required=True)
@@ -405,10 +548,19 @@ def main(argv: list[str] | None = None) -> int:
         default=3600.0,
         help="cap on each run; a capped run reports how many calls the server completed",
     )
+    pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
+    pp.add_argument("--rows", type=int, default=4000)
+    pp.add_argument("--repeat", type=int, default=3, help="passes; the best one counts")
+    pp.add_argument("--procs", type=int, default=1, help="worker processes at once (cores)")
+    pp.add_argument("--seed", type=int, default=0)
+    pp.add_argument("--defect-rate", type=float, default=0.0)
+    pp.add_argument("--baseline", help="a checkout of older code to time on the same rows")
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     report: dict[str, Any]
-    if args.what == "storm":
+    if args.what == "postprocess":
+        report = bench_postprocess(args)
+    elif args.what == "storm":
         report = bench_storm(args)
     elif args.latency == "both":
         fixed = bench_amplify(args, "fixed")

@@ -29,7 +29,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from factory.errors import short
-from factory.export import ReasoningMode, check_structure, normalize_mapped, render_conversations
+from factory.export import ReasoningMode, Rendered, check_structure, render
 from factory.reasons import Issue
 from factory.trajectory import ROLES, ToolCall, Trajectory, canonical_json, normalize_tool_spec
 
@@ -43,6 +43,7 @@ __all__ = [
     "format_path",
     "validate",
     "validate_calls",
+    "validate_rendered",
 ]
 
 # Most fundamental first: a row LLaMA-Factory cannot read, then broken tool
@@ -286,19 +287,32 @@ def validate(
         empty when the trajectory is fit to train on. A turn with a bad role or
         field types is reported alone: nothing else can be checked safely.
     """
+    return validate_rendered(traj, rules=rules, reasoning=reasoning)[0]
+
+
+def validate_rendered(
+    traj: Trajectory, *, rules: DomainRules | None = None, reasoning: ReasoningMode = "keep"
+) -> tuple[list[Issue], Rendered | None]:
+    """``validate`` plus the rendering it checked, for the exporter to reuse.
+
+    Returns:
+        ``(issues, rendered)``; ``rendered`` is ``None`` only when field types are
+        broken (nothing could be rendered). Pass it to ``sharegpt_row`` so the row
+        is written from the conversation that was checked, not rendered again.
+    """
     malformed = _field_issues(traj)
     if malformed:
-        return malformed
-    normalized, origin = normalize_mapped(traj)
-    conversations, where = render_conversations(normalized, reasoning=reasoning)
+        return malformed, None
+    rendered = render(traj, reasoning=reasoning)
+    origin, where = rendered.origin, rendered.where
     issues = [
         replace(issue, turn=origin[where[issue.turn]]) if issue.turn is not None else issue
-        for issue in check_structure(conversations)
+        for issue in check_structure(rendered.conversations)
     ]
     issues.extend(validate_calls(traj))
     if rules is not None:
         issues.extend(rules.check(traj))
-    return sorted(issues, key=_sort_key)
+    return sorted(issues, key=_sort_key), rendered
 
 
 def _field_issues(traj: Trajectory) -> list[Issue]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from factory.export import normalize, to_sharegpt
+from factory.export import Rendered, export_tools, render
 from factory.stages.base import Stage
 from factory.trajectory import Trajectory
 
@@ -31,14 +31,34 @@ META_KEYS = (
 )
 
 
-def sharegpt_row(traj: Trajectory, reasoning: str) -> dict[str, Any]:
-    """The Parquet row of one accepted trajectory: LLaMA-Factory columns + id + meta."""
-    normalized = normalize(traj)
-    row = to_sharegpt(normalized, reasoning=reasoning)  # type: ignore[arg-type]
-    meta = {k: normalized.metadata[k] for k in META_KEYS if k in normalized.metadata}
-    row["id"] = traj.id
-    row["meta"] = json.dumps(meta, ensure_ascii=False, default=str)
-    return row
+def sharegpt_row(
+    traj: Trajectory, reasoning: str, rendered: Rendered | None = None
+) -> dict[str, Any]:
+    """The Parquet row of one accepted trajectory: LLaMA-Factory columns + id + meta.
+
+    Args:
+        traj: the accepted trajectory, its metadata final (labels, id).
+        reasoning: the export mode.
+        rendered: ``validate_rendered``'s rendering of ``traj`` in the same mode, if
+            the caller has it: reused, so the row is exactly what was validated and
+            the trajectory is not normalised and rendered a second time.
+    """
+    if rendered is None or rendered.reasoning != reasoning:
+        rendered = render(traj, reasoning=reasoning)  # type: ignore[arg-type]
+    # What ``to_sharegpt(normalize(traj))`` writes: normalising rewrites turns and
+    # appends to the repairs; system, tools and other metadata are the trajectory's.
+    metadata = {
+        **traj.metadata,
+        "repairs": [*(traj.metadata.get("repairs") or ()), *rendered.repairs],
+    }
+    meta = {k: metadata[k] for k in META_KEYS if k in metadata}
+    return {
+        "conversations": rendered.conversations,
+        "system": traj.system,
+        "tools": export_tools(traj.tools),
+        "id": traj.id,
+        "meta": json.dumps(meta, ensure_ascii=False, default=str),
+    }
 
 
 class ExportStage(Stage):

@@ -27,7 +27,7 @@ from factory.labels import trajectory_labels
 from factory.stages.amplify import grounding_world
 from factory.stages.base import Stage, reject
 from factory.stages.export import sharegpt_row
-from factory.validate import validate
+from factory.validate import validate_rendered
 
 __all__ = ["PostprocessStage", "deployment_system_prompt"]
 
@@ -101,7 +101,9 @@ class PostprocessStage(Stage):
             traj = grounded
             traj.metadata["grounding"] = {**summary, "user_id": self.world.subject(scenario)}
             delta_size = info["delta_size"]
-        issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
+        issues, rendered = validate_rendered(
+            traj, rules=self.domain.rules, reasoning=self.reasoning
+        )
         if issues:
             detail = "; ".join(str(i) for i in issues[:3])
             return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
@@ -111,7 +113,7 @@ class PostprocessStage(Stage):
         traj.metadata["labels"] = labels
         row["labels"] = json.dumps(labels)
         traj.metadata["id"] = traj.content_id()
-        out = sharegpt_row(traj, self.reasoning)
+        out = sharegpt_row(traj, self.reasoning, rendered)  # rendered once, by validation
         if not self.tools_in_column:
             out["tools"] = ""
         # Accepted rows carry only the training row to the driver: the record and the raw
