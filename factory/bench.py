@@ -492,6 +492,7 @@ def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
         "rows": args.rows,
         "defect_rate": args.defect_rate,
         "procs": args.procs,
+        "rounds": args.rounds,
         "cpus": os.cpu_count(),
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
@@ -501,8 +502,11 @@ def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
         trees = {"new": ROOT}
         if args.baseline:
             trees = {"old": Path(args.baseline).resolve(), **trees}
-        for name, src in trees.items():
-            report[name] = _run_postprocess_worker(src, path, args.repeat, args.procs)
+        for _ in range(args.rounds):  # alternate, so a change of load hits both alike
+            for name, src in trees.items():
+                result = _run_postprocess_worker(src, path, args.repeat, args.procs)
+                if name not in report or result["total_per_s"] > report[name]["total_per_s"]:
+                    report[name] = result
     if "old" in report:
         old, new = report["old"], report["new"]
         report["speedup"] = round(new["trajectories_per_s"] / old["trajectories_per_s"], 2)
@@ -551,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
     pp.add_argument("--rows", type=int, default=4000)
     pp.add_argument("--repeat", type=int, default=3, help="passes; the best one counts")
+    pp.add_argument("--rounds", type=int, default=2, help="old/new alternations; best counts")
     pp.add_argument("--procs", type=int, default=1, help="worker processes at once (cores)")
     pp.add_argument("--seed", type=int, default=0)
     pp.add_argument("--defect-rate", type=float, default=0.0)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from factory.reasons import Issue
-from factory.trajectory import ToolCall, Trajectory, Turn, normalize_tool_spec
+from factory.trajectory import IdentityMemo, ToolCall, Trajectory, Turn, normalize_tool_spec
 
 __all__ = [
     "OBSERVATION_SEPARATOR",
@@ -268,13 +268,16 @@ def export_tools(tools: Iterable[Any]) -> str:
 
     ``x-`` keys are removed from the spec and from every schema inside its
     parameters, but never from property *names* (an argument may be called
-    ``x-foo``).
+    ``x-foo``). Memoised by identity: a pipeline exports the same domain tool
+    list every row.
 
     Raises:
         ValueError: a spec is not a function spec with a name.
     """
-    if tools is _last_tools[0]:  # a pipeline exports the same domain tool list every row
-        return _last_tools[1]
+    return _export_tools(tools)
+
+
+def _bare_tools(tools: Iterable[Any]) -> str:
     specs = []
     for spec in tools:
         bare = normalize_tool_spec(spec)
@@ -285,14 +288,10 @@ def export_tools(tools: Iterable[Any]) -> str:
                 if not key.startswith("x-")
             }
         )
-    exported = json.dumps(specs, ensure_ascii=False)
-    if isinstance(tools, list):
-        _last_tools[:] = [tools, exported]  # holds a reference, so the identity stays unique
-    return exported
+    return json.dumps(specs, ensure_ascii=False)
 
 
-# One-entry identity memo for export_tools; tool lists are never mutated after loading.
-_last_tools: list[Any] = [None, ""]
+_export_tools: IdentityMemo[Iterable[Any], str] = IdentityMemo(_bare_tools)
 
 
 # Keywords whose value maps names to subschemas / is one subschema / is a list of subschemas.

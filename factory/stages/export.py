@@ -11,9 +11,9 @@ from typing import Any
 
 from factory.export import Rendered, export_tools, render
 from factory.stages.base import Stage
-from factory.trajectory import Trajectory
+from factory.trajectory import IdentityMemo, Trajectory
 
-__all__ = ["META_KEYS", "ExportStage", "sharegpt_row"]
+__all__ = ["META_KEYS", "ExportStage", "row_json", "sharegpt_row"]
 
 # Metadata worth keeping next to the training columns (provenance and labels).
 META_KEYS = (
@@ -61,6 +61,26 @@ def sharegpt_row(
     }
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# The columns every row of a pipeline shares (the deployment system prompt, the domain's
+# tools): about 18 kB of text whose JSON escaping was 2/3 of encoding a row.
+_SHARED = {"system": IdentityMemo(_dumps), "tools": IdentityMemo(_dumps)}
+
+
+def row_json(row: dict[str, Any]) -> str:
+    """``json.dumps(row, ensure_ascii=False)``, byte for byte, with the shared columns
+    (``system``, ``tools``) encoded once per process instead of once per row."""
+    parts = []
+    for key, value in row.items():
+        memo = _SHARED.get(key)
+        encoded = memo(value) if memo is not None and isinstance(value, str) else _dumps(value)
+        parts.append(f"{_dumps(key)}: {encoded}")
+    return "{" + ", ".join(parts) + "}"
+
+
 class ExportStage(Stage):
     name = "export"
     requires = ("record",)
@@ -70,7 +90,7 @@ class ExportStage(Stage):
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         traj = Trajectory.from_json(row["record"])
-        row["output"] = json.dumps(sharegpt_row(traj, self.reasoning), ensure_ascii=False)
+        row["output"] = row_json(sharegpt_row(traj, self.reasoning))
         row["id"] = traj.id
         row["record"] = None  # the driver needs the training row only
         return row

@@ -26,7 +26,7 @@ from factory.grounding import apply_mode, replay
 from factory.labels import trajectory_labels
 from factory.stages.amplify import grounding_world
 from factory.stages.base import Stage, reject
-from factory.stages.export import sharegpt_row
+from factory.stages.export import row_json, sharegpt_row
 from factory.validate import validate_rendered
 
 __all__ = ["PostprocessStage", "deployment_system_prompt"]
@@ -118,9 +118,7 @@ class PostprocessStage(Stage):
             out["tools"] = ""
         # Accepted rows carry only the training row to the driver: the record and the raw
         # completion would double what crosses the object store for nothing.
-        row.update(
-            id=traj.id, record=None, completion=None, output=json.dumps(out, ensure_ascii=False)
-        )
+        row.update(id=traj.id, record=None, completion=None, output=row_json(out))
         return row
 
 
