@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from factory.core.dedup import Deduper, dedup_key
+from factory.core.dedup import DEDUP_STAGE, Deduper, dedup_key, row_key
 from factory.core.reasons import REASONS
 from factory.core.trajectory import ToolCall, Trajectory, Turn
 
@@ -81,3 +83,41 @@ def test_check_key_keeps_the_first_id_for_every_later_duplicate() -> None:
         issue = deduper.check_key("k", row_id)
         assert issue is not None and issue.message == "same content as r1"
     assert deduper.check_key("other", "r4") is None
+
+
+# --- one filter, two owners (issue 9: Collector.seen and _collect_seeds' dict merged here) --
+def test_message_is_worded_by_the_owner_and_keys_rows_by_their_id() -> None:
+    deduper = Deduper("same content as seed {first}")
+    assert deduper.check_row({"id": "abc"}) is None
+    issue = deduper.check_row({"id": "abc", "source": "other.jsonl:3"})
+    assert issue is not None and issue.message == "same content as seed abc"
+    assert (issue.code, issue.path) == ("duplicate", "abc")
+    assert row_key({"id": None}) == row_key({}) == ""
+
+
+def test_collector_rejects_a_repeated_id_through_its_deduper(tmp_path: Path) -> None:
+    from factory.engine.collect import Collector
+    from factory.engine.stages.base import make_row
+    from factory.io.writer import Manifest
+
+    collector = Collector(tmp_path, Manifest("r", "h"), dataset_name="d")
+    output = json.dumps({"conversations": [], "system": "", "tools": "", "id": "k1", "meta": "{}"})
+    rows = [make_row(id=i, stage="postprocess", output=output) for i in ("k1", "k2", "k1", "k1")]
+    rows.append(make_row(id="k2", status="rejected", stage="postprocess", reason="wrong_type"))
+    assert [collector.add(r) for r in rows] == [
+        "accepted",
+        "accepted",
+        "rejected",
+        "rejected",
+        "rejected",
+    ]
+    assert len(collector.dedup) == 2 and "k1" in collector.dedup
+    collector.close()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["reasons"]["dedup"] == {"duplicate": 2}
+    assert manifest["stages"]["dedup"] == {"rejected": 2}
+    lines = "".join(p.read_text() for p in (tmp_path / "rejects").glob("*.jsonl"))
+    rejects = [json.loads(line) for line in lines.splitlines()]
+    dups = [r for r in rejects if r["stage"] == DEDUP_STAGE]
+    assert [r["message"] for r in dups] == ["same content as an earlier row (k1)"] * 2
+    assert all(r["reason"] == "duplicate" and "output" not in r for r in dups)

@@ -15,6 +15,10 @@ we cannot see, so this module does three things in one place:
 * ``check_structure`` applies the converter's own acceptance rules plus our
   call/observation pairing rules to the rendered conversation.
 
+``render`` does the first two once per trajectory and keeps the result
+(``Rendered``): validation checks that conversation and the exported row is
+built from it, so a trajectory is never normalised or rendered twice (issue 9).
+
 Reasoning is written as ``<think>\\n...\\n</think>\\n\\n`` because those are
 LLaMA-Factory's default ``thought_words``: its templates cut exactly that span
 off the front of an assistant or function_call value and re-attach it.
@@ -26,20 +30,23 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from factory.core.reasons import Issue
-from factory.core.trajectory import ToolCall, Trajectory, Turn, normalize_tool_spec
+from factory.core.trajectory import IdentityMemo, ToolCall, Trajectory, Turn, normalize_tool_spec
 
 __all__ = [
     "OBSERVATION_SEPARATOR",
     "THINK_CLOSE",
     "THINK_OPEN",
+    "Rendered",
     "calls_json",
     "check_structure",
     "export_tools",
     "normalize",
     "normalize_mapped",
+    "render",
     "render_conversations",
     "to_sharegpt",
 ]
@@ -150,6 +157,36 @@ def _join(*parts: str | None) -> str | None:
 
 
 # --- rendering --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rendered:
+    """One trajectory normalised and rendered, once: what validation checks and export writes.
+
+    ``origin[k]``: the source turn of normalised turn ``k``; ``where[j]``: the
+    normalised turn of conversation entry ``j``; ``repairs``: what normalising added
+    to ``metadata["repairs"]`` (the exporter appends them to the trajectory's own).
+    """
+
+    normalized: Trajectory
+    origin: list[int]
+    conversations: list[dict[str, str]]
+    where: list[int]
+    reasoning: ReasoningMode
+    repairs: tuple[str, ...]
+
+
+def render(traj: Trajectory, *, reasoning: ReasoningMode = "keep") -> Rendered:
+    """``normalize`` then ``render_conversations``, keeping both maps back to ``traj``.
+
+    Raises:
+        ValueError: unknown ``reasoning`` mode.
+    """
+    normalized, origin = normalize_mapped(traj)
+    conversations, where = render_conversations(normalized, reasoning=reasoning)
+    before = len(traj.metadata.get("repairs") or [])
+    repairs = tuple(normalized.metadata["repairs"][before:])
+    return Rendered(normalized, origin, conversations, where, reasoning, repairs)
+
+
 def to_sharegpt(traj: Trajectory, *, reasoning: ReasoningMode = "keep") -> dict[str, Any]:
     """Render ``traj`` as one LLaMA-Factory sharegpt row with tools.
 
@@ -231,13 +268,16 @@ def export_tools(tools: Iterable[Any]) -> str:
 
     ``x-`` keys are removed from the spec and from every schema inside its
     parameters, but never from property *names* (an argument may be called
-    ``x-foo``).
+    ``x-foo``). Memoised by identity: a pipeline exports the same domain tool
+    list every row.
 
     Raises:
         ValueError: a spec is not a function spec with a name.
     """
-    if tools is _last_tools[0]:  # a pipeline exports the same domain tool list every row
-        return _last_tools[1]
+    return _export_tools(tools)
+
+
+def _bare_tools(tools: Iterable[Any]) -> str:
     specs = []
     for spec in tools:
         bare = normalize_tool_spec(spec)
@@ -248,14 +288,10 @@ def export_tools(tools: Iterable[Any]) -> str:
                 if not key.startswith("x-")
             }
         )
-    exported = json.dumps(specs, ensure_ascii=False)
-    if isinstance(tools, list):
-        _last_tools[:] = [tools, exported]  # holds a reference, so the identity stays unique
-    return exported
+    return json.dumps(specs, ensure_ascii=False)
 
 
-# One-entry identity memo for export_tools; tool lists are never mutated after loading.
-_last_tools: list[Any] = [None, ""]
+_export_tools: IdentityMemo[Iterable[Any], str] = IdentityMemo(_bare_tools)
 
 
 # Keywords whose value maps names to subschemas / is one subschema / is a list of subschemas.

@@ -20,10 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast
 
-__all__ = ["ROLES", "ToolCall", "Trajectory", "Turn", "canonical_json", "normalize_tool_spec"]
+__all__ = [
+    "ROLES",
+    "IdentityMemo",
+    "ToolCall",
+    "Trajectory",
+    "Turn",
+    "canonical_json",
+    "normalize_tool_spec",
+]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 Role = Literal["user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("user", "assistant", "tool")
@@ -34,17 +46,40 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-_tools_memo: list[Any] = [None, ""]
+class IdentityMemo(Generic[K, V]):
+    """One-entry memo keyed by object identity, for the large, never mutated values a
+    pipeline passes with every row (the domain's tool list, its system prompt): their
+    hash or JSON is computed once per process instead of once per row.
+
+    The last ``(key, value)`` pair is one tuple, replaced in one assignment, so the
+    threads of an actor sharing a memo never read one key with another key's value;
+    holding the key keeps its identity unique while it is remembered.
+    """
+
+    def __init__(self, compute: Callable[[K], V]):
+        self._compute = compute
+        self._last: tuple[Any, Any] = (_UNSET, None)
+
+    def __call__(self, key: K) -> V:
+        last = self._last
+        if last[0] is key:
+            return cast(V, last[1])
+        value = self._compute(key)
+        self._last = (key, value)
+        return value
 
 
-def _tools_digest(tools: list[dict[str, Any]]) -> str:
-    """SHA-256 of the canonical tool list, memoised by identity: a pipeline hashes the
-    same (large, never mutated) domain tool list for every row."""
-    if tools is _tools_memo[0]:
-        return str(_tools_memo[1])
-    digest = hashlib.sha256(canonical_json(tools).encode("utf-8")).hexdigest()
-    _tools_memo[:] = [tools, digest]  # keeps a reference, so the identity stays unique
-    return digest
+_UNSET = object()
+
+
+def _sha256_json(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+# SHA-256 of the canonical tool list: a pipeline hashes the same domain tool list every row.
+_tools_digest: IdentityMemo[Any, str] = IdentityMemo(_sha256_json)
+# The canonical JSON of the system prompt, the same string for every row of a pipeline.
+_system_json: IdentityMemo[Any, str] = IdentityMemo(canonical_json)
 
 
 def normalize_tool_spec(spec: Any) -> dict[str, Any]:
@@ -148,7 +183,7 @@ class Trajectory:
     def content_id(self) -> str:
         """Stable id from system, tools and turns (24 hex chars of SHA-256)."""
         h = hashlib.sha256()
-        h.update(canonical_json(self.system).encode("utf-8"))
+        h.update(_system_json(self.system).encode("utf-8"))
         h.update(b"\x1e")
         h.update(_tools_digest(self.tools).encode("ascii"))
         h.update(b"\x1e")

@@ -29,13 +29,20 @@ from jsonschema.protocols import Validator
 
 from factory.core.export import (
     ReasoningMode,
+    Rendered,
     check_structure,
-    normalize_mapped,
-    render_conversations,
+    render,
 )
 from factory.core.reasons import Issue
-from factory.core.schema import compile_schema, format_path
-from factory.core.trajectory import ROLES, ToolCall, Trajectory, canonical_json, normalize_tool_spec
+from factory.core.schema import Check, compile_schema, fast_check, format_path
+from factory.core.trajectory import (
+    ROLES,
+    IdentityMemo,
+    ToolCall,
+    Trajectory,
+    canonical_json,
+    normalize_tool_spec,
+)
 from factory.errors import short
 
 if TYPE_CHECKING:
@@ -46,6 +53,7 @@ __all__ = [
     "first_reason",
     "validate",
     "validate_calls",
+    "validate_rendered",
 ]
 
 # Most fundamental first: a row LLaMA-Factory cannot read, then broken tool
@@ -83,6 +91,7 @@ _KEYWORD_CODES = {
 class _Tool:
     schema: dict[str, Any]
     validator: Validator
+    fast: Check | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,8 +126,19 @@ def _tool_table(tools_json: str) -> tuple[dict[str, _Tool | None], tuple[Issue, 
             )
             table[spec["name"]] = None
             continue
-        table[spec["name"]] = _Tool(spec["parameters"], validator)
+        table[spec["name"]] = _Tool(spec["parameters"], validator, fast_check(spec["parameters"]))
     return table, tuple(problems)
+
+
+def _tool_table_of(tools: Any) -> tuple[dict[str, _Tool | None], tuple[Issue, ...]]:
+    return _tool_table(canonical_json(tools))
+
+
+# Every row of a pipeline carries the same domain tool list, whose canonical JSON (the
+# key of ``_tool_table``'s cache) cost more than checking the calls: look it up once.
+_tools_table: IdentityMemo[Any, tuple[dict[str, _Tool | None], tuple[Issue, ...]]] = IdentityMemo(
+    _tool_table_of
+)
 
 
 # --- calls ------------------------------------------------------------------------------------
@@ -135,7 +155,7 @@ def validate_calls(traj: Trajectory) -> list[Issue]:
         ``turn`` and ``path`` (e.g. ``passengers[0].dob``).
     """
     try:
-        table, problems = _tool_table(canonical_json(traj.tools))
+        table, problems = _tools_table(traj.tools)
     except TypeError:
         return [Issue("bad_tools", "the tool list is not JSON-serialisable")]
     issues = list(problems)
@@ -164,7 +184,8 @@ def validate_calls(traj: Trajectory) -> list[Issue]:
 def _call_issues(name: str, tool: _Tool, arguments: dict[str, Any], turn: int) -> Iterator[Issue]:
     seen_missing: set[str] = set()
     seen_unknown: set[str] = set()
-    for error in tool.validator.iter_errors(arguments):
+    accepted = tool.fast is not None and tool.fast(arguments)
+    for error in () if accepted else tool.validator.iter_errors(arguments):
         code = _KEYWORD_CODES.get(str(error.validator), "schema_violation")
         base = tuple(error.absolute_path)
         if code == "missing_argument":
@@ -259,19 +280,32 @@ def validate(
         empty when the trajectory is fit to train on. A turn with a bad role or
         field types is reported alone: nothing else can be checked safely.
     """
+    return validate_rendered(traj, rules=rules, reasoning=reasoning)[0]
+
+
+def validate_rendered(
+    traj: Trajectory, *, rules: DomainRules | None = None, reasoning: ReasoningMode = "keep"
+) -> tuple[list[Issue], Rendered | None]:
+    """``validate`` plus the rendering it checked, for the exporter to reuse.
+
+    Returns:
+        ``(issues, rendered)``; ``rendered`` is ``None`` only when field types are
+        broken (nothing could be rendered). Pass it to ``sharegpt_row`` so the row
+        is written from the conversation that was checked, not rendered again.
+    """
     malformed = _field_issues(traj)
     if malformed:
-        return malformed
-    normalized, origin = normalize_mapped(traj)
-    conversations, where = render_conversations(normalized, reasoning=reasoning)
+        return malformed, None
+    rendered = render(traj, reasoning=reasoning)
+    origin, where = rendered.origin, rendered.where
     issues = [
         replace(issue, turn=origin[where[issue.turn]]) if issue.turn is not None else issue
-        for issue in check_structure(conversations)
+        for issue in check_structure(rendered.conversations)
     ]
     issues.extend(validate_calls(traj))
     if rules is not None:
         issues.extend(rules.check(traj))
-    return sorted(issues, key=_sort_key)
+    return sorted(issues, key=_sort_key), rendered
 
 
 def _field_issues(traj: Trajectory) -> list[Issue]:

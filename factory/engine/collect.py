@@ -2,10 +2,10 @@
 
 Why on the driver: exact accounting (accepted + rejected + failed = total),
 exact targets and a global duplicate check need one place that sees every
-row. Rows arrive already exported by the distributed stages, so the driver
-only hashes, appends to a buffer and writes shards; 90k rows are a few
-seconds of its time. The duplicate set holds 24-hex-char keys (a few MB for
-millions of rows), never the rows.
+row. Rows arrive already exported (and keyed: ``factory.core.dedup``) by the
+distributed stages, so the driver only looks the key up, appends to a buffer
+and writes shards; 90k rows are a few seconds of its time. The duplicate set
+holds 24-hex-char keys (a few MB for millions of rows), never the rows.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED
+from factory.core.dedup import DEDUP_STAGE, Deduper
+from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED, reject
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
 __all__ = ["Collector"]
@@ -52,7 +53,8 @@ class Collector:
         self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
         self.target = target
         self.per_seed_cap = per_seed_cap
-        self.seen: set[str] = set()
+        # The run's exact-duplicate filter (``factory.core.dedup``): the collector owns it.
+        self.dedup = Deduper("same content as an earlier row ({first})")
         self.per_seed: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
         self.decided: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> status counts
@@ -110,19 +112,12 @@ class Collector:
             self.grounding["observations_replaced"] += int(info.get("observations_replaced") or 0)
         status = row.get("status")
         if status == OK:
-            key = row.get("id") or ""
-            if key in self.seen:
-                row = {
-                    **row,
-                    "status": REJECTED,
-                    "stage": "dedup",
-                    "reason": "duplicate",
-                    "message": f"same content as an earlier row ({key})",
-                }
+            duplicate = self.dedup.check_row(row)
+            if duplicate is not None:
+                row = reject(dict(row), DEDUP_STAGE, duplicate.code, duplicate.message)
                 status = REJECTED
-            else:
-                self.seen.add(key)
         if status == OK:
+            key = row.get("id") or ""
             out = json.loads(row["output"])
             seed = row.get("seed_id") or ""
             over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config import RecipeConfig
+from factory.core.dedup import DEDUP_STAGE, Deduper
 from factory.core.mixture import Mixture
 from factory.core.selection import select
 from factory.engine.collect import Collector
@@ -29,7 +30,7 @@ from factory.engine.console import top_reasons
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.engine.stages.amplify import amplify_template
-from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED
+from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
 from factory.errors import SeedError
 from factory.io.runstate import load_rounds, save_rounds
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
@@ -208,6 +209,7 @@ def _collect_seeds(
     rejects = RejectWriter(out_dir, subdir="rejects/seeds")
     failed = RejectWriter(out_dir, subdir="failed/seeds")
     kept: dict[str, str] = {}
+    dedup = Deduper("same content as seed {first}")  # phase 1 owns the seeds' filter
     tokens: Counter[str] = Counter()
     counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
     reasons: dict[str, int] = {}
@@ -227,13 +229,9 @@ def _collect_seeds(
         if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
             counts["unissued"] += 1
             continue
-        if row["status"] == OK and row["id"] in kept:
-            row.update(
-                status=REJECTED,
-                stage="dedup",
-                reason="duplicate",
-                message=f"same content as seed {row['id']}",
-            )
+        duplicate = dedup.check_row(row) if row["status"] == OK else None
+        if duplicate is not None:
+            reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
         if row["status"] == OK:
             kept[row["id"]] = row["record"]
             counts["kept"] += 1

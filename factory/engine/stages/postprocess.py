@@ -21,10 +21,10 @@ from typing import Any
 from factory.config import RecipeConfig
 from factory.core.formats.completion import parse_output
 from factory.core.labels import trajectory_labels
-from factory.core.validate import validate
+from factory.core.validate import validate_rendered
 from factory.engine.stages.amplify import grounding_world
 from factory.engine.stages.base import Stage, reject
-from factory.engine.stages.export import sharegpt_row
+from factory.engine.stages.export import row_json, sharegpt_row
 from factory.envs.pack import Domain, load_domain
 from factory.envsim.grounding import apply_mode, replay
 from factory.errors import RepairError
@@ -101,7 +101,9 @@ class PostprocessStage(Stage):
             traj = grounded
             traj.metadata["grounding"] = {**summary, "user_id": self.world.subject(scenario)}
             delta_size = info["delta_size"]
-        issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
+        issues, rendered = validate_rendered(
+            traj, rules=self.domain.rules, reasoning=self.reasoning
+        )
         if issues:
             detail = "; ".join(str(i) for i in issues[:3])
             return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
@@ -111,14 +113,12 @@ class PostprocessStage(Stage):
         traj.metadata["labels"] = labels
         row["labels"] = json.dumps(labels)
         traj.metadata["id"] = traj.content_id()
-        out = sharegpt_row(traj, self.reasoning)
+        out = sharegpt_row(traj, self.reasoning, rendered)  # rendered once, by validation
         if not self.tools_in_column:
             out["tools"] = ""
         # Accepted rows carry only the training row to the driver: the record and the raw
         # completion would double what crosses the object store for nothing.
-        row.update(
-            id=traj.id, record=None, completion=None, output=json.dumps(out, ensure_ascii=False)
-        )
+        row.update(id=traj.id, record=None, completion=None, output=row_json(out))
         return row
 
 
