@@ -273,8 +273,8 @@ class RayConfig(_Strict):
         16,
         ge=1,
         description="Rows per batch in CPU stages (seed checks, export). LLM stages take "
-        "one row per batch: Ray Data hands a batch on when its slowest row is done, so a "
-        "slow request holds only its own slot.",
+        "small batches of their own (a request's slot is freed as soon as it is answered, "
+        "whatever its batch).",
     )
     actors: int = Field(2, ge=1, description="Actors per LLM stage.")
     num_cpus: float = Field(

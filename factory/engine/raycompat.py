@@ -141,9 +141,9 @@ def await_batches_per_task(n: int) -> None:
 
     Why: Ray 2.60 awaits at most ``RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY``
     (default 4) batches per task and hands a batch on only when its slowest row is
-    done; an LLM stage of one-row batches needs as many batches in flight as its actor
-    has request slots, or a heavy latency tail leaves the slots idle (issue 8: 43 of 64
-    requests open at the server with 4 batches of 40 rows per task). Ray reads the
+    done; an LLM stage of small batches needs enough of them in flight to fill its
+    actor's request slots, or a heavy latency tail leaves the slots idle (issue 8: 43 of
+    64 requests open at the server with 4 batches of 40 rows per task). Ray reads the
     value from a module constant when it plans the dataset on the driver (the closure
     it builds goes to the actors), so it is raised there, process-wide and never
     lowered (a user's larger environment value stands). A Ray upgrade that renames the
