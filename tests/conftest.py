@@ -1,8 +1,10 @@
-"""Shared fixtures: repository paths, the reference data folder, one Ray session."""
+"""Shared fixtures: repository paths, the reference data folder, one Ray session, plug-in sites."""
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,29 @@ SHARED = ROOT.parent / "shared"
 TAUBENCH = SHARED / "data" / "taubench-airline"
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def site_on_path(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make ``root`` and put it first on ``sys.path`` (``monkeypatch`` takes it off again)."""
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    return root
+
+
+def install_distribution(site: Path, dist: str, group: str, points: Mapping[str, str]) -> None:
+    """Lay out the ``dist-info`` of an installed distribution declaring ``points`` in ``group``.
+
+    ``importlib.metadata`` reads it exactly as it reads what ``pip install`` leaves,
+    so plug-in discovery is tested through the real metadata path.
+    """
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n", encoding="utf-8"
+    )
+    lines = "".join(f"{name} = {value}\n" for name, value in points.items())
+    (info / "entry_points.txt").write_text(f"[{group}]\n{lines}", encoding="utf-8")
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from factory.envs.registry import ENTRY_POINT_GROUP, register_domain, reset_regi
 from factory.errors import ConfigError
 from factory.run import main
 
-from .conftest import ROOT
+from .conftest import ROOT, install_distribution
 
 # --- a third-party domain, installed on a temporary sys.path ---------------------------------
 
@@ -122,13 +122,7 @@ def _install(site: Path, module: str, entry_points: dict[str, str]) -> None:
     """Lay out an installed distribution: the module and its ``dist-info`` metadata."""
     (site / f"{module}.py").write_text(_PLUGIN_MODULE, encoding="utf-8")
     (site / "shop_tools.json").write_text(json.dumps(SHOP_TOOLS), encoding="utf-8")
-    info = site / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n", encoding="utf-8"
-    )
-    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}", encoding="utf-8")
+    install_distribution(site, module, ENTRY_POINT_GROUP, entry_points)
 
 
 @pytest.fixture()
