@@ -15,11 +15,10 @@ is asked for. :func:`register_domain` adds one by hand (programs, tests).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from factory.core.plugins import PluginRegistry
 from factory.envs.base import Environment
 from factory.envs.plugin import PARTS, DomainPlugin
 from factory.errors import ConfigError
@@ -37,37 +36,12 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "factory.domains"
 
-_registered: dict[str, DomainPlugin] = {}  # by hand, ahead of entry points
-_loaded: dict[str, DomainPlugin] = {}  # entry points already imported
+_REGISTRY = PluginRegistry(ENTRY_POINT_GROUP, "domain", "domain", DomainPlugin)
 
 
-@functools.cache
-def _entry_points() -> dict[str, list[EntryPoint]]:
-    found: dict[str, list[EntryPoint]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        same = found.setdefault(ep.name, [])
-        if all(other.value != ep.value for other in same):  # one dist seen twice is one
-            same.append(ep)
-    return found
-
-
-def reset_registry() -> None:
-    """Forget hand registrations and re-read the entry points (after installing a plug-in)."""
-    _registered.clear()
-    _loaded.clear()
-    _entry_points.cache_clear()
-
-
-def register_domain(plugin: DomainPlugin, *, replace: bool = False) -> None:
-    """Register ``plugin`` under its name for this process.
-
-    Raises:
-        ConfigError: the name is taken and ``replace`` is false.
-    """
-    if not replace and plugin.name in available_domains():
-        raise ConfigError(f"domain {plugin.name!r} is already registered", key_path="domain")
-    _registered[plugin.name] = plugin
-    _loaded.pop(plugin.name, None)
+# The hooks are the registry's own methods: one way to register, reset and list.
+reset_registry = _REGISTRY.reset
+register_domain = _REGISTRY.register
 
 
 def available_domains(needs: str | None = None) -> list[str]:
@@ -76,7 +50,7 @@ def available_domains(needs: str | None = None) -> list[str]:
     Raises:
         ValueError: ``needs`` is not a plug-in part.
     """
-    names = sorted(set(_registered) | set(_entry_points()))
+    names = _REGISTRY.names()
     if needs is None:
         return names
     if needs not in PARTS:
@@ -91,37 +65,6 @@ def available_domains(needs: str | None = None) -> list[str]:
     return out
 
 
-def _load(name: str, points: list[EntryPoint]) -> DomainPlugin:
-    if len(points) > 1:
-        values = ", ".join(ep.value for ep in points)
-        raise ConfigError(
-            f"domain {name!r} is declared by several entry points ({values}); "
-            "uninstall one of the packages",
-            key_path="domain",
-        )
-    ep = points[0]
-    try:
-        obj: Any = ep.load()
-    except Exception as exc:  # any import error of a third-party plug-in
-        raise ConfigError(
-            f"domain {name!r}: cannot load entry point {ep.value}: {type(exc).__name__}: {exc}",
-            key_path="domain",
-        ) from exc
-    plugin = obj if isinstance(obj, DomainPlugin) else obj() if callable(obj) else obj
-    if not isinstance(plugin, DomainPlugin):
-        raise ConfigError(
-            f"domain {name!r}: entry point {ep.value} gives {type(plugin).__name__}, "
-            "not a DomainPlugin",
-            key_path="domain",
-        )
-    if plugin.name != name:
-        raise ConfigError(
-            f"entry point {name!r} ({ep.value}) names its plug-in {plugin.name!r}",
-            key_path="domain",
-        )
-    return plugin
-
-
 def get_plugin(name: str, *, needs: str | None = None) -> DomainPlugin:
     """The plug-in of domain ``name``; with ``needs``, it must supply that part.
 
@@ -129,18 +72,15 @@ def get_plugin(name: str, *, needs: str | None = None) -> DomainPlugin:
         ConfigError: an unknown domain (the message lists the known ones), a
             plug-in that does not load, or one without the part ``needs`` names.
     """
-    plugin = _registered.get(name) or _loaded.get(name)
+    plugin = _REGISTRY.find(name)
     if plugin is None:
-        points = _entry_points().get(name)
-        if points is None:
-            known = ", ".join(available_domains()) or "none"
-            raise ConfigError(
-                f"unknown domain {name!r}; known domains: {known} (a plug-in registers in "
-                f"the {ENTRY_POINT_GROUP!r} entry point group; a data-only domain names its "
-                "files in the recipe's domain section)",
-                key_path="domain",
-            )
-        plugin = _loaded[name] = _load(name, points)
+        known = ", ".join(available_domains()) or "none"
+        raise ConfigError(
+            f"unknown domain {name!r}; known domains: {known} (a plug-in registers in "
+            f"the {ENTRY_POINT_GROUP!r} entry point group; a data-only domain names its "
+            "files in the recipe's domain section)",
+            key_path="domain",
+        )
     if needs is not None and not plugin.has(needs):
         others = ", ".join(available_domains(needs)) or "none"
         raise ConfigError(
