@@ -17,14 +17,13 @@ tests).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Mapping
-from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError as PydanticValidationError
 
-from factory.errors import ConfigError, short
+from factory.core.plugins import PluginRegistry
+from factory.errors import ConfigError
 from factory.llm.backends.base import (
     Backend,
     BackendOptions,
@@ -65,72 +64,15 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "openai": "factory.llm.backends.openai:plugin",
 }
 
-_registered: dict[str, BackendPlugin] = {}  # by hand, ahead of everything else
-_loaded: dict[str, BackendPlugin] = {}  # built-ins and entry points already imported
+_REGISTRY = PluginRegistry(
+    ENTRY_POINT_GROUP, "backend", "llm.backend", BackendPlugin, BUILTIN_BACKENDS
+)
 
 
-@functools.cache
-def _declared() -> dict[str, list[str]]:
-    """Name -> ``module:attr`` values: the built-ins, then the installed entry points."""
-    found = {name: [value] for name, value in BUILTIN_BACKENDS.items()}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        same = found.setdefault(ep.name, [])
-        if ep.value not in same:  # one distribution seen twice is one
-            same.append(ep.value)
-    return found
-
-
-def reset_registry() -> None:
-    """Forget hand registrations and re-read the entry points (after installing a plug-in)."""
-    _registered.clear()
-    _loaded.clear()
-    _declared.cache_clear()
-
-
-def register_backend(plugin: BackendPlugin, *, replace: bool = False) -> None:
-    """Register ``plugin`` under its name for this process.
-
-    Raises:
-        ConfigError: the name is taken and ``replace`` is false.
-    """
-    if not replace and plugin.name in available_backends():
-        raise ConfigError(f"backend {plugin.name!r} is already registered", key_path="llm.backend")
-    _registered[plugin.name] = plugin
-    _loaded.pop(plugin.name, None)
-
-
-def available_backends() -> list[str]:
-    """Every backend name a recipe may use, sorted."""
-    return sorted(set(_registered) | set(_declared()))
-
-
-def _load(name: str, values: list[str]) -> BackendPlugin:
-    if len(values) > 1:
-        raise ConfigError(
-            f"backend {name!r} is declared more than once ({', '.join(values)}); "
-            "uninstall one of the packages",
-            key_path="llm.backend",
-        )
-    value = values[0]
-    try:
-        obj: Any = EntryPoint(name, value, ENTRY_POINT_GROUP).load()
-    except Exception as exc:  # any import error of a third-party plug-in
-        raise ConfigError(
-            f"backend {name!r}: cannot load {value}: {type(exc).__name__}: {short(str(exc))}",
-            key_path="llm.backend",
-        ) from exc
-    plugin = obj if isinstance(obj, BackendPlugin) else obj() if callable(obj) else obj
-    if not isinstance(plugin, BackendPlugin):
-        raise ConfigError(
-            f"backend {name!r}: {value} gives {type(plugin).__name__}, not a BackendPlugin",
-            key_path="llm.backend",
-        )
-    if plugin.name != name:
-        raise ConfigError(
-            f"backend {name!r} ({value}) names its plug-in {plugin.name!r}",
-            key_path="llm.backend",
-        )
-    return plugin
+# The hooks are the registry's own methods: one way to register, reset and list.
+reset_registry = _REGISTRY.reset
+register_backend = _REGISTRY.register
+available_backends = _REGISTRY.names
 
 
 def get_backend(name: str) -> BackendPlugin:
@@ -140,17 +82,13 @@ def get_backend(name: str) -> BackendPlugin:
         ConfigError: an unknown name (the message lists the choices) or a plug-in
             that does not load; ``key_path`` is ``llm.backend``.
     """
-    plugin = _registered.get(name) or _loaded.get(name)
-    if plugin is not None:
-        return plugin
-    values = _declared().get(name)
-    if values is None:
+    plugin = _REGISTRY.find(name)
+    if plugin is None:
         raise ConfigError(
             f"unknown backend {name!r}; choices: {', '.join(available_backends())} (a plug-in "
             f"registers in the {ENTRY_POINT_GROUP!r} entry point group)",
             key_path="llm.backend",
         )
-    plugin = _loaded[name] = _load(name, values)
     return plugin
 
 
