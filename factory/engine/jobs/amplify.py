@@ -75,11 +75,12 @@ def plan_round(
 ROWS_PER_CALL_BLOCK = 512
 # Tasks (blocks) each LLM actor works on at once. Ray Data ends a task only when every
 # row of its block is done, and hands outputs on in order (preserve_order keeps runs
-# deterministic for resume), so a task whose last row is being retried holds no slot but
-# brings no new rows either. With several tasks per actor the rows awaiting a slot far
-# outnumber the rows waiting on a slow or hung request, and the actor's shared slot pool
-# (``LLMStage``) stays full; per-attempt deadlines bound how long a task waits.
-LLM_TASKS_PER_ACTOR = 16
+# deterministic for resume); a task already keeps twice its actor's request slots in rows
+# (``llm_batches_per_task``), so a few tasks per actor cover the tail of a block. Few, and
+# at least 4 blocks per actor (``_call_dataset``): with 16, the actor that started first
+# took all 8 blocks of a 1,400-call round while the other was still starting, and the
+# round ran on half the slots (fault-storm benchmark, 2026-11-22).
+LLM_TASKS_PER_ACTOR = 4
 # Rows per batch of an LLM stage. Ray Data hands a batch on only when its slowest row is
 # done, but a finished row frees its request slot at once (the actor's semaphore), so a
 # slow request holds one slot and delays the hand-off of at most 7 finished rows. Smaller

@@ -1,0 +1,98 @@
+"""A row waiting to retry lends its concurrency slot (issue 8: under a fault storm half
+of an actor's slots were held by rows asleep in a backoff)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from factory.engine.stages import llm_stage
+from factory.engine.stages.llm_stage import _ROW_SLOT, _Slot, wait_without_slot
+
+
+def test_a_waiting_row_lends_its_slot_and_takes_one_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def scenario() -> list[str]:
+        semaphore = asyncio.Semaphore(1)
+        wake = asyncio.Event()
+        events: list[str] = []
+
+        async def sleep(_delay: float) -> None:  # the backoff, held open by the test
+            events.append("asleep")
+            await wake.wait()
+
+        monkeypatch.setattr(llm_stage.watchdog, "sleep", sleep)
+
+        async def waiting_row() -> None:
+            slot = _Slot(semaphore)
+            _ROW_SLOT.set(slot)
+            await slot.take()
+            await wait_without_slot(1.0)
+            events.append(f"retrying, slot held: {slot.held}")
+            slot.give_back()
+
+        async def other_row() -> None:
+            async with semaphore:  # gets the only slot while the first row sleeps
+                events.append("other row sent")
+                wake.set()
+                await asyncio.sleep(0)
+            events.append("other row done")
+
+        first = asyncio.create_task(waiting_row())
+        while "asleep" not in events:
+            await asyncio.sleep(0)
+        await asyncio.wait_for(other_row(), timeout=10)
+        await asyncio.wait_for(first, timeout=10)
+        assert semaphore._value == 1  # every slot given back exactly once
+        return events
+
+    events = asyncio.run(scenario())
+    assert events == ["asleep", "other row sent", "other row done", "retrying, slot held: True"]
+
+
+def test_outside_a_row_it_is_a_plain_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    monkeypatch.setattr(llm_stage.watchdog, "sleep", sleep)
+    asyncio.run(wait_without_slot(0.5))
+    assert slept == [0.5]
+
+
+def test_a_cancelled_wait_never_gives_a_slot_back_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> int:
+        semaphore = asyncio.Semaphore(1)
+        asleep = asyncio.Event()
+
+        async def sleep(_delay: float) -> None:
+            asleep.set()
+            await asyncio.Event().wait()  # never wakes: cancelled by the test
+
+        monkeypatch.setattr(llm_stage.watchdog, "sleep", sleep)
+
+        async def row() -> None:
+            slot = _Slot(semaphore)
+            _ROW_SLOT.set(slot)
+            await slot.take()
+            try:
+                await wait_without_slot(1.0)
+            finally:
+                slot.give_back()
+
+        task = asyncio.create_task(row())
+        await asyncio.wait_for(asleep.wait(), timeout=10)
+        await semaphore.acquire()  # another row takes the lent slot
+        task.cancel()  # the run stops: the row, cancelled asleep, waits to take a slot back
+        for _ in range(20):
+            await asyncio.sleep(0)
+        task.cancel()  # ... and is cancelled again while it waits
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        semaphore.release()
+        return semaphore._value
+
+    assert asyncio.run(scenario()) == 1
