@@ -1,4 +1,5 @@
-"""``python -m factory.bench amplify | storm``: throughput, memory and fault tolerance.
+"""``python -m factory.bench amplify | storm | postprocess``: throughput, memory, fault
+tolerance and the cost of post-processing one row.
 
 ``storm`` runs the amplification job twice as a user would (``python -m factory.run``,
 each with its own devserver): clean, then under issue 8's fault storm (429s, 5xx,
@@ -21,6 +22,10 @@ distinct), runs the real ``amplify`` pipeline to the target, and reports:
 
 It is a benchmark, not a test: numbers depend on the machine. The limit C/L is
 measured in the same run by the same server, so the ratio is comparable.
+
+Modules: this one (the shared seeds and server helpers, ``amplify`` and ``storm``),
+``postprocess`` (post-processing per row, old against new code), ``__main__`` (the
+command line).
 
 ``--recipe`` names the amplification recipe (a path, or a name under ``pipelines/``
 as for ``factory.run``). Without it the benchmark takes the one ``amplify`` recipe
@@ -47,12 +52,19 @@ from typing import Any
 
 import psutil
 
-from factory.config import resolve_recipe_path
 from factory.errors import ConfigError
 
-__all__ = ["main", "make_seeds"]
+__all__ = [
+    "bench_amplify",
+    "bench_storm",
+    "default_recipe",
+    "main",
+    "make_seeds",
+    "postprocess_completions",
+    "recipe_seed_files",
+]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
@@ -413,253 +425,17 @@ def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --- postprocess: parse + repair + validate + export per row, no Ray (issue 9) -------------
-POSTPROCESS_DEFECTS = ("malformed_json", "unknown_tool", "wrong_arg_type", "missing_observation")
-
-
-def postprocess_completions(
-    n: int, *, recipe: Path, seed: int = 0, defect_rate: float = 0.0
-) -> list[str]:
-    """``n`` completions as the devserver answers amplification prompts for the recipe's
-    seeds.
-
-    The devserver's own functions (renamed variants of each seed, 20% in a code
-    fence); ``defect_rate`` gives that share one of ``POSTPROCESS_DEFECTS`` (broken
-    JSON goes through json-repair, the others are rejected by validation).
-    """
-    from factory.core.formats import parse_record
-    from factory.core.formats.completion import render_output
-    from factory.devserver.simulate import (
-        amplify,
-        break_json,
-        compile_reference,
-        inject_defect,
-        render_json,
-    )
-
-    lines = [
-        line
-        for path in recipe_seed_files(recipe)
-        for line in Path(path).read_text().splitlines()
-        if line.strip()
-    ]
-    refs = [
-        compile_reference(render_output(parse_record(json.loads(line), source=f"seed:{i}")))
-        for i, line in enumerate(lines)
-    ]
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        answer = amplify(refs[i % len(refs)], rng)
-        defect = rng.choice(POSTPROCESS_DEFECTS) if rng.random() < defect_rate else None
-        if defect not in (None, "malformed_json"):
-            inject_defect(answer, defect, rng, avoid="")
-        text = render_json(answer, rng, 0.2)
-        if defect == "malformed_json":
-            text, _ = break_json(text, rng)
-        out.append(text)
-    return out
-
-
-def _postprocess_worker(path: str, repeat: int, recipe: str) -> dict[str, Any]:
-    """Time ``PostprocessStage.process`` over the completions in ``path`` (one per line).
-
-    Runs against whichever ``factory`` is first on ``sys.path`` (this branch, or an
-    older checkout put there by ``PYTHONPATH``, from before or after the layer
-    subpackages), with the benchmark's recipe, so the old and the new code are timed
-    on the same rows by the same harness.
-    Returns the best of ``repeat`` passes and a digest of every output row.
-    """
-    import hashlib
-    import importlib
-
-    import factory
-    from factory.config import load_recipe
-
-    try:
-        stages = "factory.engine.stages"
-        importlib.import_module(stages)
-    except ImportError:  # a checkout from before the layer subpackages
-        stages = "factory.stages"
-    make_row = importlib.import_module(f"{stages}.base").make_row
-    stage = importlib.import_module(f"{stages}.postprocess").PostprocessStage(load_recipe(recipe))
-    completions: list[str] = json.loads(Path(path).read_text())
-    columns = ("status", "stage", "reason", "message", "id", "output", "labels", "raw")
-    best, digest, accepted = float("inf"), "", 0
-    for _ in range(max(1, repeat)):
-        rows = [
-            make_row(completion=c, seed_id=f"s{i % 41}", source=f"s#{i}", call_index=i)
-            for i, c in enumerate(completions)
-        ]
-        start = time.perf_counter()
-        out = [stage.run_one(row) for row in rows]
-        best = min(best, time.perf_counter() - start)
-        h = hashlib.sha256()
-        for row in out:
-            h.update(json.dumps([row.get(k) for k in columns]).encode())
-        digest, accepted = h.hexdigest(), sum(r["status"] == "ok" for r in out)
-    return {
-        "code": str(Path(factory.__file__).resolve().parents[1]),
-        "rows": len(completions),
-        "accepted": accepted,
-        "best_s": round(best, 4),
-        "trajectories_per_s": round(len(completions) / best, 1),
-        "outputs_sha256": digest,
-    }
-
-
-# Loads this file's harness by path, so an older checkout (without it) is timed by the
-# same code; ``factory`` itself is imported from the tree on PYTHONPATH and the cwd.
-_WORKER_BOOT = (
-    "import importlib.util, json, sys\n"
-    "spec = importlib.util.spec_from_file_location('_postprocess_harness', sys.argv[1])\n"
-    "mod = importlib.util.module_from_spec(spec)\n"
-    "spec.loader.exec_module(mod)\n"
-    "print(json.dumps(mod._postprocess_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])))\n"
-)
-
-
-def _run_postprocess_worker(
-    src: Path, path: Path, repeat: int, procs: int, recipe: Path
-) -> dict[str, Any]:
-    """``procs`` workers at once on the code in ``src``; per-process and summed rates."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, "-c", _WORKER_BOOT, str(Path(__file__).resolve()), str(path)]
-    cmd += [str(repeat), str(recipe)]
-    running = [
-        subprocess.Popen(cmd, env=env, cwd=src, stdout=subprocess.PIPE, text=True)
-        for _ in range(procs)
-    ]
-    reports = []
-    for proc in running:
-        stdout, _ = proc.communicate()
-        if proc.returncode:
-            raise RuntimeError(f"postprocess worker on {src} exited {proc.returncode}")
-        reports.append(json.loads(stdout))
-    return {
-        **reports[0],
-        "per_process_per_s": [r["trajectories_per_s"] for r in reports],
-        "total_per_s": round(sum(r["trajectories_per_s"] for r in reports), 1),
-    }
-
-
-def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
-    """The post-processing of one completion (parse, repair, validate, labels, export),
-    timed on the same completions for this code and, with ``--baseline DIR``, for an
-    older checkout in the same run; their output digests must agree."""
-    completions = postprocess_completions(
-        args.rows, recipe=args.recipe, seed=args.seed, defect_rate=args.defect_rate
-    )
-    report: dict[str, Any] = {
-        "rows": args.rows,
-        "defect_rate": args.defect_rate,
-        "procs": args.procs,
-        "rounds": args.rounds,
-        "cpus": os.cpu_count(),
-        "load_before": [round(x, 2) for x in os.getloadavg()],
-    }
-    with tempfile.TemporaryDirectory(prefix="pp-bench-") as tmp:
-        path = Path(tmp) / "completions.json"
-        path.write_text(json.dumps(completions))
-        trees = {"new": ROOT}
-        if args.baseline:
-            trees = {"old": Path(args.baseline).resolve(), **trees}
-        for _ in range(args.rounds):  # alternate, so a change of load hits both alike
-            for name, src in trees.items():
-                result = _run_postprocess_worker(src, path, args.repeat, args.procs, args.recipe)
-                if name not in report or result["total_per_s"] > report[name]["total_per_s"]:
-                    report[name] = result
-    if "old" in report:
-        old, new = report["old"], report["new"]
-        report["speedup"] = round(new["trajectories_per_s"] / old["trajectories_per_s"], 2)
-        report["same_outputs"] = old["outputs_sha256"] == new["outputs_sha256"]
-    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m factory.bench")
-    sub = p.add_subparsers(dest="what", required=True)
-    a = sub.add_parser("amplify", help="seeds -> devserver -> accepted trajectories")
-    a.add_argument("--seeds", type=int, default=1500)
-    a.add_argument("--target", type=int, default=90000)
-    a.add_argument("--latency-ms", type=float, default=200.0, help="fixed latency, or median")
-    a.add_argument(
-        "--latency",
-        choices=("fixed", "lognormal", "both"),
-        default="fixed",
-        help="latency distribution; both: a fixed and a heavy-tailed run, one report each",
-    )
-    a.add_argument("--latency-p99-ratio", type=float, default=10.0, help="lognormal: p99 / median")
-    a.add_argument("--concurrency", type=int, default=64)
-    a.add_argument(
-        "--client-concurrency",
-        type=int,
-        default=None,
-        help="requests the factory keeps open (default 1.25 x --concurrency)",
-    )
-    a.add_argument("--actors", type=int, default=2)
-    a.add_argument("--batch-size", type=int, default=16)
-    a.add_argument("--quiet", action="store_true")
-    st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
-    pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
-    for command in (a, st, pp):
-        command.add_argument(
-            "--recipe",
-            default=None,
-            help="amplification recipe, a path or a name under pipelines/ (default: the one "
-            "amplify recipe in pipelines/, today airline.yaml); its seeds seed the benchmark",
-        )
-    st.add_argument("--seeds", type=int, default=100)
-    st.add_argument("--target", type=int, default=1400, help="with 100 seeds: ~1,500 calls")
-    st.add_argument("--latency-ms", type=float, default=200.0)
-    st.add_argument("--concurrency", type=int, default=64)
-    st.add_argument("--actors", type=int, default=2)
-    st.add_argument("--defects", default=STORM_DEFECTS)
-    st.add_argument(
-        "--timeout",
-        type=float,
-        default=3600.0,
-        help="cap on each run; a capped run reports how many calls the server completed",
-    )
-    pp.add_argument("--rows", type=int, default=4000)
-    pp.add_argument("--repeat", type=int, default=3, help="passes; the best one counts")
-    pp.add_argument("--rounds", type=int, default=2, help="old/new alternations; best counts")
-    pp.add_argument("--procs", type=int, default=1, help="worker processes at once (cores)")
-    pp.add_argument("--seed", type=int, default=0)
-    pp.add_argument("--defect-rate", type=float, default=0.0)
-    pp.add_argument("--baseline", help="a checkout of older code to time on the same rows")
-    args = p.parse_args(argv)
-    try:
-        args.recipe = resolve_recipe_path(args.recipe) if args.recipe else default_recipe()
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    report: dict[str, Any]
-    if args.what == "postprocess":
-        report = bench_postprocess(args)
-    elif args.what == "storm":
-        report = bench_storm(args)
-    elif args.latency == "both":
-        fixed = bench_amplify(args, "fixed")
-        heavy = bench_amplify(args, "lognormal")
-        report = {
-            "fixed": fixed,
-            "lognormal": heavy,
-            "ratio_to_limit": {
-                "fixed": fixed["ratio_to_limit"],
-                "lognormal": heavy["ratio_to_limit"],
-            },
-            "amplify_ratio_to_limit": {
-                "fixed": fixed["amplify_ratio_to_limit"],
-                "lognormal": heavy["amplify_ratio_to_limit"],
-            },
-        }
-    else:
-        report = bench_amplify(args, args.latency)
-    print(json.dumps(report, indent=2))
-    return 0
+    """The command line (``python -m factory.bench``)."""
+    from factory.bench.__main__ import main as cli
+
+    return cli(argv)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def postprocess_completions(*args: Any, **kwargs: Any) -> list[str]:
+    """See ``factory.bench.postprocess.postprocess_completions``."""
+    from factory.bench.postprocess import postprocess_completions as make
+
+    return make(*args, **kwargs)
