@@ -52,6 +52,7 @@ from typing import Any
 
 import psutil
 
+from factory.bench.postprocess import postprocess_completions
 from factory.errors import ConfigError
 
 __all__ = [
@@ -432,10 +433,3 @@ def main(argv: list[str] | None = None) -> int:
     from factory.bench.__main__ import main as cli
 
     return cli(argv)
-
-
-def postprocess_completions(*args: Any, **kwargs: Any) -> list[str]:
-    """See ``factory.bench.postprocess.postprocess_completions``."""
-    from factory.bench.postprocess import postprocess_completions as make
-
-    return make(*args, **kwargs)
