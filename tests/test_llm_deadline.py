@@ -98,6 +98,7 @@ def client(
         [Endpoint("http://10.0.0.1:8000/v1", name="only")],
         failure_threshold=threshold,
         cooldown_s=cooldown_s,
+        min_cooldown_s=cooldown_s,  # a fixed cooldown: these tests time it
         clock=clock,
     )
     # Only new options when a test uses them: the others also run on older clients.

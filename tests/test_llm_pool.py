@@ -24,10 +24,21 @@ class FakeClock:
         self.now += seconds
 
 
-def make_pool(*endpoints: Endpoint, threshold: int = 3, cooldown: float = 30.0):
+def make_pool(
+    *endpoints: Endpoint,
+    threshold: int = 3,
+    cooldown: float = 30.0,
+    min_cooldown: float | None = None,
+):
+    """A pool on a fake clock; the cooldown is fixed (``cooldown``) unless ``min_cooldown``
+    asks for the growing one."""
     clock = FakeClock()
     pool = EndpointPool(
-        list(endpoints or (A, B, C)), failure_threshold=threshold, cooldown_s=cooldown, clock=clock
+        list(endpoints or (A, B, C)),
+        failure_threshold=threshold,
+        cooldown_s=cooldown,
+        min_cooldown_s=cooldown if min_cooldown is None else min_cooldown,
+        clock=clock,
     )
     return pool, clock
 
@@ -127,6 +138,45 @@ def test_failed_probe_reopens_for_a_fresh_cooldown() -> None:
     assert pool.state("a") is CircuitState.OPEN
     clock.advance(0.1)
     assert pool.state("a") is CircuitState.HALF_OPEN
+
+
+def test_the_cooldown_doubles_per_failed_probe_and_a_close_resets_it() -> None:
+    # One endpoint (a provider URL): every request waits for its breaker, so a burst of
+    # timeouts must cost a second, not the 30 s a dead endpoint deserves.
+    pool, clock = make_pool(A, threshold=1, cooldown=8.0, min_cooldown=1.0)
+    pool.release(pool.acquire(), False, 0.1)
+    assert pool.wait_s() == pytest.approx(1.0)
+    waits = []
+    for _ in range(5):  # the endpoint stays down: probes after 1, 2, 4, 8, 8 s
+        waited = 0.0
+        while pool.state("a") is CircuitState.OPEN:
+            clock.advance(0.5)
+            waited += 0.5
+        waits.append(waited)
+        probe = pool.acquire()
+        assert probe.probe
+        pool.release(probe, False)
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0]
+    while pool.state("a") is CircuitState.OPEN:
+        clock.advance(0.5)
+    pool.release(pool.acquire(), True)  # the probe succeeds: closed
+    assert pool.state("a") is CircuitState.CLOSED
+    pool.release(pool.acquire(), False)  # opens again from closed: the shortest wait
+    clock.advance(0.99)
+    assert pool.state("a") is CircuitState.OPEN
+    clock.advance(0.01)
+    assert pool.state("a") is CircuitState.HALF_OPEN
+
+
+def test_the_default_first_cooldown_is_a_second_and_bad_values_name_their_key() -> None:
+    clock = FakeClock()
+    pool = EndpointPool([A], failure_threshold=1, cooldown_s=30.0, clock=clock)
+    pool.release(pool.acquire(), False)
+    clock.advance(1.0)
+    assert pool.state("a") is CircuitState.HALF_OPEN
+    with pytest.raises(ConfigError, match="min_cooldown_s") as err:
+        EndpointPool([A], cooldown_s=5.0, min_cooldown_s=6.0)
+    assert err.value.key_path == "llm.endpoints"
 
 
 def test_cancelled_probe_gives_no_verdict_and_frees_the_probe_slot() -> None:

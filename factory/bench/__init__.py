@@ -342,6 +342,9 @@ def _one_storm_run(
     """One amplification run as ``python -m factory.run`` against its own devserver, capped
     at ``--timeout`` seconds; the server's counters say how far a capped run got."""
     extra = ["--defects", defects] if defects else []
+    if getattr(args, "request_log", None):
+        Path(args.request_log).mkdir(parents=True, exist_ok=True)
+        extra += ["--request-log", str(Path(args.request_log) / f"{name}.jsonl")]
     server, url = _start_server(args.latency_ms, args.concurrency, *extra)
     out = work / name
     tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
@@ -394,6 +397,7 @@ def _one_storm_run(
         report["calls"] = m["calls"]["issued"] + m["seeds"]["total"]
         report["totals"] = m["totals"]
         report["retries"] = m.get("retries")
+        report["timings"] = m.get("timings")  # seeds phase and each round, in seconds
     elif finished:
         report["stderr_tail"] = err[-2000:]
     return report

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         default=3600.0,
         help="cap on each run; a capped run reports how many calls the server completed",
     )
+    st.add_argument(
+        "--request-log",
+        metavar="DIR",
+        help="keep each run's devserver request log (clean.jsonl, storm.jsonl) in DIR",
+    )
     pp.add_argument("--rows", type=int, default=4000)
     pp.add_argument("--repeat", type=int, default=3, help="passes; the best one counts")
     pp.add_argument("--rounds", type=int, default=2, help="old/new alternations; best counts")

@@ -7,11 +7,17 @@ servers of different speed without measuring them, which matters for LLM
 serving where one long generation can occupy a server for minutes.
 
 Each endpoint has a circuit breaker. ``failure_threshold`` consecutive endpoint
-failures (connection errors, 5xx, timeouts) open it: no traffic for
-``cooldown_s``. Then it is half-open: exactly one probe request is let through;
-success closes the breaker, failure opens it for another cooldown. A result that
-arrives from a lease taken in an earlier breaker period is counted in the stats
-but not used as a verdict on the endpoint's current health.
+failures (connection errors, 5xx, timeouts) open it: no traffic for a cooldown.
+Then it is half-open: exactly one probe request is let through; success closes the
+breaker, failure opens it again for twice the cooldown. The cooldown starts at
+``min_cooldown_s`` and doubles per failed probe up to ``cooldown_s`` (as Envoy's
+outlier ejection grows with repeated ejections), and a close resets it. Why: with one
+endpoint (a provider URL) every waiting request waits for the breaker, and a burst of
+five timeouts in the thin tail of a round is weather, not an outage: a fixed 30 s
+cooldown held the last rows of each round of the fault-storm benchmark for 31 s
+(2026-11-22), while a dead endpoint still gets probed only a few times a minute. A
+result that arrives from a lease taken in an earlier breaker period is counted in the
+stats but not used as a verdict on the endpoint's current health.
 
 Pure bookkeeping: no I/O, no awaiting, the clock injected. Everything runs on
 one event loop, so no locks are needed.
@@ -135,6 +141,7 @@ class _Health:
     state: CircuitState = CircuitState.CLOSED
     generation: int = 0
     opened_at: float = 0.0
+    cooldown: float = 0.0  # of the current (or last) opening; doubles per failed probe
     probe_in_flight: bool = False
     consecutive_failures: int = 0
     in_flight: int = 0
@@ -160,7 +167,9 @@ class EndpointPool:
     Args:
         endpoints: at least one endpoint; names must be unique.
         failure_threshold: consecutive failures that open a breaker.
-        cooldown_s: seconds an open breaker waits before letting one probe through.
+        cooldown_s: the longest an open breaker waits before letting one probe through.
+        min_cooldown_s: the first wait after a breaker opens (default: 1 s, or
+            ``cooldown_s`` when that is shorter); doubled per failed probe.
         clock: monotonic seconds (tests inject a fake).
 
     Raises:
@@ -173,6 +182,7 @@ class EndpointPool:
         *,
         failure_threshold: int = 5,
         cooldown_s: float = 30.0,
+        min_cooldown_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not endpoints:
@@ -187,10 +197,15 @@ class EndpointPool:
             raise ConfigError("failure_threshold must be at least 1", key_path="llm.endpoints")
         if cooldown_s <= 0:
             raise ConfigError("cooldown_s must be positive", key_path="llm.endpoints")
+        if min_cooldown_s is not None and not 0 < min_cooldown_s <= cooldown_s:
+            raise ConfigError(
+                "min_cooldown_s must be positive and at most cooldown_s", key_path="llm.endpoints"
+            )
         self._health = [_Health(endpoint=e) for e in endpoints]
         self._by_name = {h.endpoint.name: h for h in self._health}
         self._threshold = failure_threshold
         self._cooldown = cooldown_s
+        self._min_cooldown = min(1.0, cooldown_s) if min_cooldown_s is None else min_cooldown_s
         self._clock = clock
         self._cursor = 0
 
@@ -206,7 +221,7 @@ class EndpointPool:
         return health.state
 
     def _refresh(self, health: _Health) -> None:
-        if health.state is CircuitState.OPEN and self._clock() - health.opened_at >= self._cooldown:
+        if health.state is CircuitState.OPEN and self._clock() - health.opened_at >= health.cooldown:
             health.state = CircuitState.HALF_OPEN
             health.generation += 1
 
@@ -229,12 +244,10 @@ class EndpointPool:
             return 0.0
         now = self._clock()
         waits = [
-            self._cooldown - (now - h.opened_at)
-            for h in self._health
-            if h.state is CircuitState.OPEN
+            h.cooldown - (now - h.opened_at) for h in self._health if h.state is CircuitState.OPEN
         ]
         if any(h.state is CircuitState.HALF_OPEN for h in self._health):
-            waits.append(min(1.0, self._cooldown / 10))  # poll until the probe answers
+            waits.append(min(1.0, self._min_cooldown / 2))  # poll until the probe answers
         return max(0.01, min(waits, default=1.0))
 
     def acquire(self, *, avoid: Collection[str] = ()) -> Lease:
@@ -275,9 +288,7 @@ class EndpointPool:
     def unavailable_message(self) -> str:
         now = self._clock()
         waits = [
-            self._cooldown - (now - h.opened_at)
-            for h in self._health
-            if h.state is CircuitState.OPEN
+            h.cooldown - (now - h.opened_at) for h in self._health if h.state is CircuitState.OPEN
         ]
         hint = f"; next probe in {max(0.0, min(waits)):.1f}s" if waits else "; a probe is running"
         return f"no endpoint available: all {len(self._health)} circuit breakers are open{hint}"
@@ -317,6 +328,12 @@ class EndpointPool:
                     self._open(health)
 
     def _open(self, health: _Health) -> None:
+        # A failed probe (the breaker was half-open) doubles the wait; a fresh opening
+        # from closed starts again at the shortest one.
+        reopened = health.state is CircuitState.HALF_OPEN
+        health.cooldown = (
+            min(self._cooldown, 2 * health.cooldown) if reopened else self._min_cooldown
+        )
         health.state = CircuitState.OPEN
         health.opened_at = self._clock()
         health.generation += 1
