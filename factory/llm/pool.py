@@ -221,7 +221,8 @@ class EndpointPool:
         return health.state
 
     def _refresh(self, health: _Health) -> None:
-        if health.state is CircuitState.OPEN and self._clock() - health.opened_at >= health.cooldown:
+        opened_for = self._clock() - health.opened_at
+        if health.state is CircuitState.OPEN and opened_for >= health.cooldown:
             health.state = CircuitState.HALF_OPEN
             health.generation += 1
 
