@@ -21,7 +21,13 @@ import psutil
 import pytest
 
 from factory.config import ServeConfig, load_recipe
-from factory.engine.serve import advertised_host, engine_command, replica_ports, serving
+from factory.engine.serve import (
+    advertised_host,
+    describe_exit,
+    engine_command,
+    replica_ports,
+    serving,
+)
 from factory.errors import ConfigError
 
 from .conftest import ROOT
@@ -65,6 +71,11 @@ def test_the_default_engine_is_vllm_serve_with_tensor_parallelism() -> None:
     with pytest.raises(ConfigError, match="unknown placeholder") as err:
         engine_command(ServeConfig(command=["x", "{gpu}"]), model="m", port=1, python="p")  # type: ignore[call-arg]
     assert err.value.key_path == "llm.serve.command"
+
+
+def test_an_engine_killed_by_a_signal_is_named_so() -> None:
+    assert describe_exit(137) == "engine killed by SIGKILL"
+    assert describe_exit(1) == "engine exited with code 1"
 
 
 def test_the_advertised_host_is_the_nodes_unless_the_engine_listens_on_loopback() -> None:
@@ -135,6 +146,18 @@ def test_the_guard_ends_the_engine_and_its_children_when_its_actor_is_killed(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_the_guard_passes_on_how_the_engine_ended() -> None:
+    guard = [sys.executable, "-m", "factory.engine.serveguard", "--parent", str(os.getpid())]
+    suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    killed = subprocess.run([*guard, "--", sys.executable, "-c", suicide], cwd=ROOT, timeout=100)
+    assert killed.returncode == 128 + signal.SIGKILL
+    failed = subprocess.run(
+        [*guard, "--", sys.executable, "-c", "raise SystemExit(3)"], timeout=100
+    )
+    assert failed.returncode == 3
 
 
 # --- the lifecycle on a Ray cluster --------------------------------------------------------
@@ -343,7 +366,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     finally:
         _end(proc)
     assert proc.returncode == 0, stderr[-3000:]
-    assert "replica 0 engine exited with code -9; restarting it" in stderr, stderr[-3000:]
+    assert "replica 0 engine killed by SIGKILL; restarting it" in stderr, stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["reached"] is True
     assert len(read_rows(out)) == 150
@@ -353,7 +376,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
         f"http://127.0.0.1:{first + 1}/v1",
     ]
     assert [r["restarts"] for r in replicas] == [1, 0]
-    assert replicas[0]["deaths"] == ["engine exited with code -9"]
+    assert replicas[0]["deaths"] == ["engine killed by SIGKILL"]
     _poll(lambda: not _engines(first), "every engine to be stopped")
     _poll(lambda: _fake_gpus_free(cluster) == 2.0, "the placement groups to be removed")
 

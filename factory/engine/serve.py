@@ -56,6 +56,7 @@ __all__ = [
     "ReplicaActor",
     "ServePool",
     "advertised_host",
+    "describe_exit",
     "engine_command",
     "replica_ports",
     "serving",
@@ -130,6 +131,14 @@ def advertised_host(bind_host: str, node_ip: str) -> str:
     if bind_host in ("0.0.0.0", "::", ""):
         return node_ip
     return bind_host
+
+
+def describe_exit(code: int | None) -> str:
+    """An engine's end in words; the guard exits 128 + N for an engine signal N killed."""
+    if code is not None and 128 < code < 128 + 65:
+        with contextlib.suppress(ValueError):
+            return f"engine killed by {signal.Signals(code - 128).name}"
+    return f"engine exited with code {code}"
 
 
 def _probe_host(bind_host: str) -> str:
@@ -332,8 +341,9 @@ class ServePool:
                 return
             if not st["running"]:
                 raise ServeError(
-                    f"llm.serve replica {r.index} (port {r.port}) exited with code "
-                    f"{st['returncode']} while starting; its last lines:\n{st['tail']}"
+                    f"llm.serve replica {r.index} (port {r.port}): "
+                    f"{describe_exit(st['returncode'])} while starting; its last lines:\n"
+                    f"{st['tail']}"
                 )
             if time.monotonic() > deadline:
                 raise ServeError(
@@ -367,7 +377,7 @@ class ServePool:
                 print(f"llm.serve: replica {r.index} healthy again on {r.url}", file=console())
             r.state = "healthy"
         elif not st["running"]:
-            self._replace(r, f"engine exited with code {st['returncode']}", new_actor=False)
+            self._replace(r, describe_exit(st["returncode"]), new_actor=False)
         elif r.state == "healthy":
             r.state, r.since = "down", time.monotonic()  # running but not answering
 

@@ -59,7 +59,7 @@ def stop_group(pgid: int, grace_s: float = GRACE_S) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the engine, watch the parent, end the engine's group; returns the engine's
-    exit code (0 when the guard stopped it)."""
+    exit code (128 + N when signal N killed it; 0 when the guard stopped it)."""
     p = argparse.ArgumentParser(prog="python -m factory.engine.serveguard")
     p.add_argument("--parent", type=int, required=True, help="pid of the actor")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine command")
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = engine.poll()
         if code is not None:
             stop_group(engine.pid, grace_s=2.0)  # what the engine left behind (its workers)
-            return code
+            return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell
         if stopping or os.getppid() != args.parent:
             stop_group(engine.pid)
             engine.wait()
