@@ -267,12 +267,13 @@ def _fake_gpus_free(env: dict[str, str]) -> float | None:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def _engines(first_port: int) -> dict[int, int]:
-    """pid of the development server listening on each of our ports, by port."""
+def _engines(first_port: int, *, guards: bool = False) -> dict[int, int]:
+    """pid of the development server (or of its guard) on each of our ports, by port."""
     found: dict[int, int] = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "factory.devserver" in cmd and "--port" in cmd and "serveguard" not in " ".join(cmd):
+        guard = "factory.engine.serveguard" in cmd
+        if "factory.devserver" in cmd and "--port" in cmd and guard == guards:
             port = int(cmd[cmd.index("--port") + 1])
             if first_port <= port < first_port + 2 and not _gone(p.info["pid"]):
                 found[port] = p.info["pid"]
@@ -297,7 +298,7 @@ def _cache_entries(out: Path) -> int:
 def _driver(out: Path, first_port: int, env: dict[str, str], target: int) -> subprocess.Popen:  # type: ignore[type-arg]
     """``python -m factory.run airline-vllm.yaml`` as ``ray job submit`` runs it, with the
     development server as the engine and ``fake_gpu`` as the GPUs."""
-    command = ["{python}", "-m", "factory.devserver", "--port", "{port}", "--latency-ms", "600"]
+    command = ["{python}", "-m", "factory.devserver", "--port", "{port}", "--latency-ms", "500"]
     sets = [
         "llm.model=factory-dev",
         f"amplify.target={target}",
@@ -347,9 +348,9 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     (no engine, no reserved fake GPU)."""
     first = _free_range(2)
     out = tmp_path / "out"
-    proc = _driver(out, first, cluster, target=150)
+    proc = _driver(out, first, cluster, target=100)
     try:
-        _poll(lambda: proc.poll() is not None or _cache_entries(out) >= 45, "amplification")
+        _poll(lambda: proc.poll() is not None or _cache_entries(out) >= 10, "calls")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         engines = _engines(first)
         assert sorted(engines) == [first, first + 1], engines
@@ -369,7 +370,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     assert "replica 0 engine killed by SIGKILL; restarting it" in stderr, stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["reached"] is True
-    assert len(read_rows(out)) == 150
+    assert len(read_rows(out)) == 100
     replicas = manifest["serve"]["replicas"]
     assert [r["url"] for r in replicas] == [
         f"http://127.0.0.1:{first}/v1",
@@ -378,6 +379,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     assert [r["restarts"] for r in replicas] == [1, 0]
     assert replicas[0]["deaths"] == ["engine killed by SIGKILL"]
     _poll(lambda: not _engines(first), "every engine to be stopped")
+    _poll(lambda: not _engines(first, guards=True), "every guard to exit")
     _poll(lambda: _fake_gpus_free(cluster) == 2.0, "the placement groups to be removed")
 
 
@@ -403,4 +405,5 @@ def test_a_sigkilled_driver_leaves_no_replica_behind(
         _end(proc)
     _poll(lambda: all(_gone(pid) for pid in engines.values()), "the engines to end")
     assert not _engines(first)
+    _poll(lambda: not _engines(first, guards=True), "every guard to exit")
     _poll(lambda: _fake_gpus_free(cluster) == 2.0, "the placement groups to be removed")
