@@ -407,3 +407,33 @@ def test_a_sigkilled_driver_leaves_no_replica_behind(
     assert not _engines(first)
     _poll(lambda: not _engines(first, guards=True), "every guard to exit")
     _poll(lambda: _fake_gpus_free(cluster) == 2.0, "the placement groups to be removed")
+
+
+def test_the_rayjob_manifest_runs_the_vllm_recipe_on_enough_gpus() -> None:
+    """cluster/rayjob-vllm.yaml submits a shipped recipe, and its GPU worker group holds
+    every replica: a replica's GPUs on one pod (STRICT_PACK), all replicas at once."""
+    import shlex
+
+    import yaml
+
+    from factory.config import resolve_recipe_path
+
+    doc = yaml.safe_load((ROOT / "cluster" / "rayjob-vllm.yaml").read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
+    spec = doc["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    args = shlex.split(spec["entrypoint"])
+    assert args[:3] == ["python", "-m", "factory.run"]
+    cfg = load_recipe(resolve_recipe_path(args[3], ROOT))
+    assert cfg.llm is not None and cfg.llm.serve is not None
+    serve = cfg.llm.serve
+    groups = spec["rayClusterSpec"]["workerGroupSpecs"]
+    fits = 0
+    for group in groups:
+        (container,) = group["template"]["spec"]["containers"]
+        limits = container["resources"]["limits"]
+        gpus = int(limits.get("nvidia.com/gpu", 0))
+        per_pod = gpus // serve.gpus_per_replica
+        assert per_pod * serve.cpus_per_replica <= float(limits["cpu"])
+        fits += per_pod * group["maxReplicas"]
+    assert fits >= serve.replicas
