@@ -94,6 +94,13 @@ def test_serve_and_explicit_endpoints_are_refused_before_anything_starts() -> No
     assert err.value.key_path == "llm.serve"
 
 
+def test_a_judge_model_the_pool_does_not_serve_is_refused() -> None:
+    cfg = load_recipe(ROOT / "pipelines" / "airline-vllm.yaml", ["prefilter.model=o4-mini"])
+    with pytest.raises(ConfigError, match="not served") as err, serving(cfg):
+        pass
+    assert err.value.key_path == "prefilter.model"
+
+
 def test_the_vllm_recipe_serves_its_model_on_gpus() -> None:
     cfg = load_recipe(ROOT / "pipelines" / "airline-vllm.yaml")
     assert cfg.llm is not None and cfg.llm.serve is not None

@@ -406,9 +406,21 @@ class ServePool:
 
     # -- stop and report -------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_GRACE_S + 60.0) -> None:
         """Stop the monitor, every engine and actor, and free the placement groups.
-        Safe to call twice and after a failed ``start``."""
+        Safe to call twice and after a failed ``start``.
+
+        Bounded by ``timeout_s``: after a Ctrl-C that also took a local Ray's GCS down,
+        Ray calls may block on reconnecting; the run must still exit, and what is left
+        ends anyway (the actors die with their owner, the guards with the actors).
+        """
+        stopper = threading.Thread(target=self._stop_all, name="factory-serve-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout_s)
+        if stopper.is_alive():
+            log.warning("llm.serve: replicas not confirmed stopped after %.0fs", timeout_s)
+
+    def _stop_all(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
         self._stop.set()
@@ -461,7 +473,8 @@ def serving(cfg: RecipeConfig) -> Iterator[ServePool | None]:
     Yields ``None`` (and does nothing) when the recipe has no ``llm.serve``.
 
     Raises:
-        ConfigError: ``llm.serve`` together with ``llm.endpoints``.
+        ConfigError: ``llm.serve`` together with ``llm.endpoints``, or a judge model
+            other than ``llm.model`` (the pool serves one model).
     """
     if cfg.llm is None or cfg.llm.serve is None:
         yield None
@@ -471,6 +484,13 @@ def serving(cfg: RecipeConfig) -> Iterator[ServePool | None]:
             "llm.serve starts the run's own servers and replaces llm.endpoints: drop one of "
             "them (--devserver sets llm.endpoints)",
             key_path="llm.serve",
+        )
+    judge = cfg.prefilter.model if cfg.prefilter.enabled else None
+    if judge not in (None, cfg.llm.model):
+        raise ConfigError(
+            f"the judge's model {short(judge, 80)} is not served: with llm.serve the pool "
+            f"serves llm.model ({short(cfg.llm.model, 80)}) only; drop prefilter.model",
+            key_path="prefilter.model",
         )
     from factory.engine.raycompat import init_ray
 
