@@ -25,6 +25,7 @@ from factory.engine.serve import (
     advertised_host,
     describe_exit,
     engine_command,
+    replica_action,
     replica_ports,
     serving,
 )
@@ -76,6 +77,35 @@ def test_the_default_engine_is_vllm_serve_with_tensor_parallelism() -> None:
 def test_an_engine_killed_by_a_signal_is_named_so() -> None:
     assert describe_exit(137) == "engine killed by SIGKILL"
     assert describe_exit(1) == "engine exited with code 1"
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "elapsed", "expected"),
+    [
+        ("healthy", None, 0.0, ("replace_actor", "actor lost")),
+        ("down", {"healthy": True, "running": True}, 9.0, ("healthy", "")),
+        (
+            "healthy",
+            {"healthy": False, "running": False, "returncode": 137},
+            0.0,
+            ("restart", "engine killed by SIGKILL"),
+        ),
+        ("healthy", {"healthy": False, "running": True}, 0.0, ("down", "")),
+        ("down", {"healthy": False, "running": True}, 10.0, ("keep", "")),
+        ("down", {"healthy": False, "running": True}, 121.0, ("restart", "unhealthy for 120s")),
+        ("starting", {"healthy": False, "running": True}, 299.0, ("keep", "")),
+        (
+            "starting",
+            {"healthy": False, "running": True},
+            301.0,
+            ("restart", "not healthy within 300s (startup_timeout_s)"),
+        ),
+    ],
+)
+def test_the_monitor_restarts_what_died_or_stays_unhealthy(
+    state: str, status: dict | None, elapsed: float, expected: tuple[str, str]
+) -> None:
+    assert replica_action(state, status, elapsed, 300.0) == expected
 
 
 def test_the_advertised_host_is_the_nodes_unless_the_engine_listens_on_loopback() -> None:

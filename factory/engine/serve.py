@@ -24,8 +24,9 @@ How the pieces hold together:
   (``factory.engine.watchdog``) and exits within about a second; the guard sees its
   actor gone and ends the engine's process group (vLLM's API server, engine core and
   GPU workers with it). A normal end (done, error, Ctrl-C) stops them from ``stop()``.
-* **A monitor thread on the driver** polls every replica: an engine that exited is
-  started again by its actor, an actor that died is replaced in its bundle; each
+* **A monitor thread on the driver** polls every replica: an engine that exited (or
+  stopped answering ``/health`` for ``DOWN_RESTART_S``) is started again by its actor,
+  an actor that died is replaced in its bundle; each
   replica is replaced at most ``max_restarts`` times, then left down (the others go on).
 """
 
@@ -58,6 +59,7 @@ __all__ = [
     "advertised_host",
     "describe_exit",
     "engine_command",
+    "replica_action",
     "replica_ports",
     "serving",
 ]
@@ -65,6 +67,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often the driver looks at every replica
+DOWN_RESTART_S = 120.0  # a replica that was healthy and stopped answering is restarted
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for an engine being stopped (vLLM frees its GPUs)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -139,6 +142,39 @@ def describe_exit(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"engine killed by {signal.Signals(code - 128).name}"
     return f"engine exited with code {code}"
+
+
+def replica_action(
+    state: str, status: dict[str, Any] | None, elapsed_s: float, startup_timeout_s: float
+) -> tuple[str, str]:
+    """What the monitor does with a replica after one look: ``(action, reason)``.
+
+    Args:
+        state: the replica's state (``starting``, ``healthy``, ``down``).
+        status: ``ReplicaActor.status()``; ``None`` when the actor could not answer.
+        elapsed_s: seconds since ``state`` began.
+        startup_timeout_s: ``llm.serve.startup_timeout_s``.
+
+    Returns:
+        ``replace_actor`` (the actor is gone), ``restart`` (its engine exited, or it
+        stayed unhealthy: since it was healthy for ``DOWN_RESTART_S``, since a restart
+        for ``startup_timeout_s``), ``healthy``, ``down`` (it stopped answering) or
+        ``keep`` (wait).
+    """
+    if status is None:
+        return "replace_actor", "actor lost"
+    if status["healthy"]:
+        return "healthy", ""
+    if not status["running"]:
+        return "restart", describe_exit(status["returncode"])
+    if state == "healthy":
+        return "down", ""
+    if state == "down" and elapsed_s > DOWN_RESTART_S:
+        # vLLM answers 503 once its engine core died; a hung server answers nothing
+        return "restart", f"unhealthy for {DOWN_RESTART_S:g}s"
+    if state == "starting" and elapsed_s > startup_timeout_s:
+        return "restart", f"not healthy within {startup_timeout_s:g}s (startup_timeout_s)"
+    return "keep", ""
 
 
 def _probe_host(bind_host: str) -> str:
@@ -368,18 +404,22 @@ class ServePool:
         if r.state == "failed":
             return
         try:
-            st = ray.get(r.actor.status.remote(), timeout=60)
+            st: dict[str, Any] | None = ray.get(r.actor.status.remote(), timeout=60)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            self._replace(r, f"actor lost: {type(exc).__name__}", new_actor=True)
-            return
-        if st["healthy"]:
+            st, lost = None, f"actor lost: {type(exc).__name__}"
+        action, reason = replica_action(
+            r.state, st, time.monotonic() - r.since, self._serve.startup_timeout_s
+        )
+        if action == "replace_actor":
+            self._replace(r, lost, new_actor=True)
+        elif action == "restart":
+            self._replace(r, reason, new_actor=False)
+        elif action == "healthy":
             if r.state != "healthy":
                 print(f"llm.serve: replica {r.index} healthy again on {r.url}", file=console())
             r.state = "healthy"
-        elif not st["running"]:
-            self._replace(r, describe_exit(st["returncode"]), new_actor=False)
-        elif r.state == "healthy":
-            r.state, r.since = "down", time.monotonic()  # running but not answering
+        elif action == "down":
+            r.state, r.since = "down", time.monotonic()
 
     def _replace(self, r: _Replica, reason: str, *, new_actor: bool) -> None:
         with self._lock:
