@@ -202,7 +202,7 @@ class ReplicaActor:
     def start(self) -> dict[str, Any]:
         """Start the engine (again, if it was stopped or exited)."""
         with self._lock:
-            self._stop_locked(grace_s=5.0)
+            self._stop_locked(grace_s=15.0)  # longer than the guard's own grace
             fd, self._log_path = tempfile.mkstemp(prefix=f"factory-serve-{self._port}-")
             guard = [sys.executable, "-m", "factory.engine.serveguard"]
             guard += ["--parent", str(os.getpid())]
@@ -248,7 +248,13 @@ class ReplicaActor:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=grace_s + 5.0)  # the guard's own grace is inside this
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # the guard is stuck: end the engine's group too
+            import psutil
+
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.pid, signal.SIGKILL)  # the engine leads its group
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
