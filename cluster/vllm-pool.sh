@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# FALLBACK only. On a Ray cluster a recipe's `llm.serve` starts, watches and stops the
+# pool itself (pipelines/airline-vllm.yaml, README "vLLM on the cluster's GPUs"). This
+# script is for GPU machines without Ray, or a pool shared by several runs; nothing
+# restarts or stops what it starts.
 # Start one vLLM OpenAI-compatible server per GPU on this node and print the recipe lines
 # that list them as a pool. Needs the optional extra: pip install -e ".[vllm]".
 #   cluster/vllm-pool.sh Qwen/Qwen3-32B 4      # 4 GPUs -> ports 8000..8003

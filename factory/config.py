@@ -52,6 +52,7 @@ __all__ = [
     "RecipeConfig",
     "RetryConfig",
     "SeedsConfig",
+    "ServeConfig",
     "apply_overrides",
     "config_hash",
     "load_recipe",
@@ -158,6 +159,66 @@ class PriceConfig(_Strict):
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
 
 
+VLLM_COMMAND = [
+    "vllm",
+    "serve",
+    "{model}",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--tensor-parallel-size",
+    "{gpus}",
+]
+
+
+class ServeConfig(_Strict):
+    """A pool of OpenAI-compatible servers the run starts on its Ray cluster and stops.
+
+    One engine process per replica, each inside a Ray actor that holds the replica's
+    GPUs through a placement group of its own (so a replacement lands on the same node
+    and port, and the URL the LLM actors know stays valid). See factory.engine.serve.
+    """
+
+    replicas: int = Field(1, ge=1, description="Engine processes (one endpoint each).")
+    gpus_per_replica: int = Field(
+        1, ge=1, description="GPUs each replica holds (vLLM's tensor parallel size, {gpus})."
+    )
+    resource: str = Field(
+        "GPU",
+        min_length=1,
+        description="Ray resource a replica reserves gpus_per_replica of: GPU (Ray then sets "
+        "CUDA_VISIBLE_DEVICES), or a custom resource (a stand-in for GPUs in tests).",
+    )
+    cpus_per_replica: float = Field(
+        1.0, ge=0, description="CPUs each replica reserves beside its GPUs."
+    )
+    command: list[str] = Field(
+        default_factory=lambda: list(VLLM_COMMAND),
+        min_length=1,
+        description="The engine's command line; {model} (llm.model), {host}, {port}, {gpus} "
+        "and {python} (the worker's interpreter) are filled in, engine_args appended.",
+    )
+    engine_args: list[str] = Field(
+        default_factory=list,
+        description="Extra engine arguments, e.g. [--enable-prefix-caching, --max-num-seqs, "
+        "'256'].",
+    )
+    host: str = Field("0.0.0.0", description="Address the engine listens on ({host}).")
+    port_range: tuple[int, int] = Field(
+        (8000, 8099),
+        description="First and last port replicas may use; replica i listens on first + i.",
+    )
+    startup_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Longest a replica may take to answer /health (model download and load).",
+    )
+    max_restarts: int = Field(
+        10, ge=0, description="Replacements per replica after its engine or actor died."
+    )
+
+
 class LLMConfig(_Strict):
     model: str = Field(description="Model id, e.g. gpt-5, o4-mini, or a vLLM served name.")
     endpoints: list[EndpointConfig] = Field(
@@ -193,6 +254,11 @@ class LLMConfig(_Strict):
         gt=0,
         description="Longest one attempt may take (the slowest legitimate answer); hung "
         "attempts are cut earlier by llm.deadline.",
+    )
+    serve: ServeConfig | None = Field(
+        None,
+        description="Start a vLLM pool for llm.model on the Ray cluster for this run "
+        "(replaces llm.endpoints).",
     )
     retry: RetryConfig = Field(default_factory=RetryConfig)  # type: ignore[arg-type]
     deadline: DeadlineConfig = Field(

@@ -20,6 +20,7 @@ tree (kept in step with the classes below)::
     ├── OutputLocked                another run holds the output folder (.lock)
     ├── OutputWriteError            a file of the output or cache could not be written
     ├── Interrupted                 Ctrl-C / SIGTERM, or a worker whose driver is gone
+    ├── ServeError                  a pool replica (llm.serve) never became healthy
     └── EnvironmentError_           executable world refused an action (tool error)
 
 Messages say what to do next and never carry a secret or a whole payload:
@@ -51,6 +52,7 @@ __all__ = [
     "RepairError",
     "SeedError",
     "SeedFormatError",
+    "ServeError",
     "ValidationError",
     "describe_os_error",
     "short",
@@ -206,6 +208,14 @@ class Interrupted(FactoryError):
 
     exit_code = EXIT_INTERRUPTED
     reason = "interrupted"
+
+
+class ServeError(FactoryError):
+    """A replica of the run's own LLM pool (``llm.serve``) exited or stayed unhealthy
+    while starting; the message names the replica and ends with its engine's last lines."""
+
+    exit_code = EXIT_INCOMPLETE
+    reason = "serve_failed"
 
 
 class EnvironmentError_(FactoryError):

@@ -69,15 +69,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
-    """The one ``amplify`` recipe shipped in ``pipelines/`` (the default of ``--recipe``).
+    """The one ``amplify`` recipe shipped in ``pipelines/`` (the default of ``--recipe``)
+    that calls endpoints: one that starts its own servers (``llm.serve``) cannot be
+    pointed at the benchmark's development server.
 
     Raises:
         ConfigError: none, or more than one, is shipped (pass ``--recipe``).
     """
     from factory.config import load_recipe
 
+    recipes = [(path, load_recipe(path)) for path in sorted(pipelines.glob("*.yaml"))]
     found = [
-        path for path in sorted(pipelines.glob("*.yaml")) if load_recipe(path).pipeline == "amplify"
+        path
+        for path, cfg in recipes
+        if cfg.pipeline == "amplify" and (cfg.llm is None or cfg.llm.serve is None)
     ]
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or f"none in {pipelines}"

@@ -52,6 +52,8 @@ def _final_wall_time(out_dir: Path, result: RunResult) -> None:
     if path.is_file():
         manifest = json.loads(path.read_text(encoding="utf-8"))
         manifest["wall_time_s"] = wall
+        if "serve" in result.manifest:  # the pool's replicas, stopped after the shards
+            manifest["serve"] = result.manifest["serve"]
         atomic_write_text(path, json.dumps(manifest, indent=2, default=str) + "\n", out_dir)
 
 
@@ -122,8 +124,12 @@ def _run_locked(
             result = run_envsim(cfg, out_dir, progress=progress)
         else:
             from factory.engine.jobs.amplify import run_amplify
+            from factory.engine.serve import serving
 
-            result = run_amplify(cfg, out_dir, progress=progress)
+            with serving(cfg) as pool:  # llm.serve: the run's own vLLM pool, always stopped
+                result = run_amplify(cfg, out_dir, progress=progress)
+            if pool is not None:
+                result.manifest["serve"] = pool.report()
     _final_wall_time(out_dir, result)
     result.extra["mode"] = mode
     try:

@@ -91,6 +91,7 @@ RESUMABLE = (
     "amplify.max_calls",
     "amplify.target",
     "llm.endpoints",
+    "llm.serve",
     "llm.backend",
     "llm.backend_options",
     "llm.transport",
