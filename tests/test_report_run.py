@@ -36,7 +36,9 @@ def test_a_run_ends_with_its_report_and_card(ray_session, devserver, tmp_path: P
     assert timeline["columns"][:3] == ["seconds", "total", "accepted"]
     assert timeline["points"][-1][1:3] == [result.totals["total"], 30]  # the end is a point
     page = report.read_text(encoding="utf-8")
-    assert "malformed_json" in page and 'alt="Rows over time"' in page
+    codes = [code for stage in manifest["reasons"].values() for code in stage]
+    assert codes and all(code in page for code in codes)  # defects: some rows rejected
+    assert 'alt="Rows over time"' in page and 'alt="Cost per stage (USD)"' in page
     ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert ds.num_rows == 30
     if chromium_path():
