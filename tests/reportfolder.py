@@ -128,3 +128,39 @@ def make_folder(out: Path, *, rows: int = 12, extra: dict[str, Any] | None = Non
     }
     (out / "run.json").write_text(json.dumps(state), encoding="utf-8")
     return out
+
+
+def make_envsim_folder(out: Path, *, rows: int = 8) -> Path:
+    """An envsim-like folder: alpaca step samples with step labels (|Δ|, arguments)."""
+    from factory.engine.jobs.envsim import ALPACA_SCHEMA
+
+    data = ShardWriter(out, schema=ALPACA_SCHEMA)
+    for i in range(rows):
+        delta = i % 4
+        labels = {"kind": "step", "outcome": "change" if delta else "no_change",
+                  "group": "Simple" if delta else "No-Change", "delta_size": delta,
+                  "arg_cardinality": 1 + i % 3}  # fmt: skip
+        meta = {"labels": labels, "env_id": "env-1", "step": i, "tool": "cancel_reservation"}
+        data.add(
+            {
+                "instruction": "You simulate the airline tools.",
+                "input": f'cancel_reservation({{"reservation_id": "R{i:03d}"}})',
+                "output": f'{{"feedback": "cancelled R{i:03d}", "config_changes": []}}',
+                "id": f"step-{i}",
+                "meta": json.dumps(meta),
+            }
+        )
+    data.close()
+    manifest = Manifest(recipe="airline-envsim-test", config_hash="def456")
+    manifest.files.update(data.files)
+    manifest.stages = {"envsim": {"accepted": rows}}
+    manifest.extra.update(
+        pipeline="envsim",
+        episodes=3,
+        mixture={"name": "balance", "wanted": {"simple": 6, "no_change": 2},
+                 "selected": {"simple": 6, "no_change": 2}, "available": {"simple": 9},
+                 "shortfall": {}, "excluded": 0},
+    )  # fmt: skip
+    manifest.write(out, total=rows, accepted=rows, surplus=0, rejected=0, failed=0)
+    (out / "run.json").write_text(json.dumps({"status": "done", "recipe": {}}), encoding="utf-8")
+    return out

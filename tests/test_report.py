@@ -115,3 +115,14 @@ def test_the_samples_are_deterministic_and_spread_over_the_stream() -> None:
     assert first == reservoir(range(1000), 5, seed=0) and first == sorted(first)
     assert len(first) == 5 and first[-1] > 100  # not simply the first five rows
     assert reservoir(range(3), 5) == [0, 1, 2]
+
+
+def test_an_envsim_report_shows_step_samples_and_the_step_histograms(tmp_path: Path) -> None:
+    from .reportfolder import make_envsim_folder
+
+    page = write_report(make_envsim_folder(tmp_path / "o")).read_text(encoding="utf-8")
+    alts = re.findall(r'<img class="plot" alt="([^"]*)"', page)
+    assert "|Δ| (state-change ops)" in alts and "Argument cardinality" in alts
+    assert "Calls per tool" in alts and "1 of 1 tools called" in page
+    assert "step samples drawn at random" in page and "cancelled R00" in page
+    assert "Mixture balance: quotas" in page
