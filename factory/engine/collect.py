@@ -11,6 +11,7 @@ holds 24-hex-char keys (a few MB for millions of rows), never the rows.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset
 __all__ = ["Collector"]
 
 ACCEPTED, SURPLUS = "accepted", "surplus"
+# The run's time series (manifest ``timeline``, plotted by the run report): one point
+# per TIMELINE_EVERY_S at most, halved in resolution whenever it passes TIMELINE_MAX
+# points, so a day-long run keeps a few kB.
+TIMELINE_COLUMNS = ("seconds", "total", "accepted", "cost_usd", "paid_usd", "responses_from_cache")
+TIMELINE_EVERY_S = 1.0
+TIMELINE_MAX = 400
 
 
 class Collector:
@@ -72,6 +79,9 @@ class Collector:
         # (id, labels) of accepted rows, kept only when a mixture will select from them.
         self.keep_labels = keep_labels
         self.accepted_labels: list[dict[str, Any]] = []
+        self.timeline: list[list[float]] = []
+        self._timeline_every = TIMELINE_EVERY_S
+        self._timeline_last = 0.0
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -140,7 +150,21 @@ class Collector:
             }
             (self.failed if kind == FAILED else self.rejects).add(slim)
         self.counts[kind] += 1
+        self._sample()
         return kind
+
+    def _sample(self, *, force: bool = False) -> None:
+        """Add a point to the time series (throughput and cost over time)."""
+        now = time.time()
+        if not force and now - self._timeline_last < self._timeline_every:
+            return
+        self._timeline_last = now
+        point = [round(now - self.manifest.started, 3), self.total, self.accepted]
+        point += [round(self.cost_usd, 6), round(self.paid_usd, 6), self.replayed]
+        self.timeline.append(point)
+        if len(self.timeline) > TIMELINE_MAX:
+            self.timeline = self.timeline[1::2]
+            self._timeline_every *= 2
 
     def take_unstored(self, row: dict[str, Any]) -> None:
         """Keep a paid response the cache could not store, at once (before any other
@@ -158,6 +182,7 @@ class Collector:
 
     def close(self, **extra: Any) -> dict[str, Any]:
         """Flush everything; write dataset_info.json and manifest.json. Returns the totals."""
+        self._sample(force=True)
         for w in (self.data, self.surplus, self.rejects, self.failed):
             w.close()
             self.manifest.files.update(w.files)
@@ -180,6 +205,7 @@ class Collector:
             cost_usd_paid_this_run=round(self.paid_usd, 6),
             responses_from_cache=self.replayed,
             unissued=self.unissued,
+            timeline={"columns": list(TIMELINE_COLUMNS), "points": self.timeline},
             **extra,
         )
         if self.unstored:

@@ -138,4 +138,30 @@ def _run_locked(
         if result.error is None:
             raise
         result.error += f"; and {exc}"  # the first failure says where the answers are
+    _write_documents(out_dir, result)
     return result
+
+
+def _write_documents(out_dir: Path, result: RunResult) -> None:
+    """The run report and the dataset card (``factory.io.report``), once the folder was
+    checked against its manifest. Derived documents: a failure here is a warning, never
+    a failed run (``factory report OUT`` writes them again)."""
+    import logging
+
+    from factory.io.report import write_documents
+
+    if not (out_dir / "manifest.json").is_file():
+        return
+    try:
+        paths = write_documents(out_dir)
+    except Exception as exc:  # a bug in a plot must not fail a run that produced its data
+        logging.getLogger(__name__).warning(
+            "run report not written: %s: %s", type(exc).__name__, exc
+        )
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"run report not written ({why}); retry: factory report {out_dir}", file=console())
+        return
+    note = "report: " + ", ".join(paths)
+    result.extra["report"] = (
+        f"{result.extra['report']}\n{note}" if result.extra.get("report") else note
+    )

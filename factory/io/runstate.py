@@ -80,6 +80,8 @@ GENERATED = (
     "candidates",
     "manifest.json",
     "dataset_info.json",
+    "report.html",  # the run report and the dataset card: written again when a run ends
+    "README.md",
     ".tmp",
 )
 # Settings that change neither a request nor a row: a resumed run may change them

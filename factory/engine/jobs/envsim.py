@@ -140,7 +140,12 @@ def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dic
     for _, sample in picked:
         code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
         row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code)
-        meta = {"labels": sample["labels"], "env_id": sample["env_id"], "step": sample["step"]}
+        meta = {
+            "labels": sample["labels"],
+            "env_id": sample["env_id"],
+            "step": sample["step"],
+            "tool": sample["tool"],  # tool coverage in the run report
+        }
         yield {**row, "id": sample["id"], "meta": json.dumps(meta)}
 
 

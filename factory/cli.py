@@ -1,0 +1,175 @@
+"""``factory``: the one command line (``factory run | inspect | report | ...``).
+
+Why a dispatcher and not one parser: ``run``, ``evaluate``, ``fidelity``,
+``devserver`` and ``bench`` keep their own ``python -m`` entry points and their
+own arguments; ``factory CMD ARGS`` hands ``ARGS`` to the same ``main`` the
+module runs, so both spellings are one command. ``inspect``, ``report`` and
+``push`` are new and parsed here; each calls one library function
+(``factory.io.report``). Expected errors are one line and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, FactoryError
+from factory.secrets import redact
+
+__all__ = ["COMMANDS", "build_parser", "entry", "main"]
+
+# name -> (one line of help, the module whose ``main(argv)`` runs it, or None: parsed here)
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "run": ("run a recipe (python -m factory.run)", "factory.run"),
+    "inspect": ("show rows of an output folder as conversations", None),
+    "report": ("write OUT/report.html and the dataset card OUT/README.md", None),
+    "push": ("upload an output folder to the Hugging Face Hub as a dataset", None),
+    "evaluate": ("score a simulator model on step samples (python -m factory.evaluate)",
+                 "factory.evaluate"),
+    "fidelity": ("replay recorded trajectories in a domain's world (python -m factory.fidelity)",
+                 "factory.envsim.fidelity"),
+    "devserver": ("the development LLM server (python -m factory.devserver)",
+                  "factory.devserver.__main__"),
+    "bench": ("benchmarks: amplify, storm (python -m factory.bench)", "factory.bench.__main__"),
+    "domain": ("domain tools (python -m factory.domain, when installed)", "factory.domain"),
+}  # fmt: skip
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # A fixed width: the help is the same in every terminal, so README can quote it.
+    return argparse.RawDescriptionHelpFormatter(prog, width=100)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    width = max(map(len, COMMANDS)) + 2
+    table = "\n".join(f"  {name:<{width}}{summary}" for name, (summary, _) in COMMANDS.items())
+    p = argparse.ArgumentParser(
+        prog="factory",
+        description="A Ray-distributed synthetic data factory for tool-using LLM agents.\n\n"
+        f"commands:\n{table}",
+        epilog="`factory COMMAND --help` shows a command's options.",
+        formatter_class=_formatter,
+    )
+    sub = p.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, help="one of the commands above"
+    )
+    for name, (_, module) in COMMANDS.items():
+        if module is not None:  # dispatched before parsing (main); listed in the description
+            sub.add_parser(name, add_help=False)
+    insp = sub.add_parser(
+        "inspect", formatter_class=_formatter,
+        description="Show rows of an output folder as conversations (accepted rows by "
+        "default; --rejects REASON shows rejected and failed rows).",
+    )  # fmt: skip
+    insp.add_argument("out", metavar="OUT", help="a run's output folder")
+    insp.add_argument("--n", type=int, default=5, help="rows to show (default 5)")
+    insp.add_argument(
+        "--where", action="append", default=[], metavar="KEY=VALUE",
+        help="only rows whose meta (or meta.labels) KEY equals VALUE, e.g. outcome=refused; "
+        "repeatable",
+    )  # fmt: skip
+    insp.add_argument(
+        "--rejects", metavar="REASON", help="show rejected/failed rows of this reason (all: any)"
+    )
+    rep = sub.add_parser(
+        "report", formatter_class=_formatter,
+        description="Write the run report (OUT/report.html, one self-contained file) and the "
+        "Hugging Face dataset card (OUT/README.md); a run writes both when it ends.",
+    )  # fmt: skip
+    rep.add_argument("out", metavar="OUT", help="a run's output folder")
+    rep.add_argument("--license", default="other", help="the card's license id (default: other)")
+    push = sub.add_parser(
+        "push", formatter_class=_formatter,
+        description="Upload the card, report, manifest and data/ of OUT to the dataset "
+        "repository REPO_ID (token: HF_TOKEN or `hf auth login`).",
+    )  # fmt: skip
+    push.add_argument("out", metavar="OUT", help="a finished run's output folder")
+    push.add_argument("repo_id", metavar="REPO_ID", help="OWNER/NAME on the Hub")
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--license", help="rewrite the card with this license id first")
+    return p
+
+
+def _delegate(name: str, argv: list[str]) -> int:
+    module_name = COMMANDS[name][1]
+    assert module_name is not None
+    if importlib.util.find_spec(module_name) is None:
+        print(
+            f"error: `factory {name}` is not available in this install ({module_name} is "
+            "missing); update factory",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    module = importlib.import_module(module_name)
+    run: Callable[[list[str]], Any] | None = getattr(module, "main", None)
+    if run is None:  # a module run only as a script: run it as `python -m` would
+        import runpy
+
+        saved = sys.argv
+        sys.argv = [f"factory {name}", *argv]
+        try:
+            runpy.run_module(module_name, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = saved
+        return 0
+    code = run(argv)
+    return int(code or 0)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from factory.io.report.folder import OutputFolder, parse_where
+    from factory.io.report.terminal import inspect_folder
+
+    folder = OutputFolder(args.out)
+    inspect_folder(folder, Console(), n=args.n, where=parse_where(args.where), rejects=args.rejects)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from factory.io.report import write_card, write_report
+
+    print(write_report(args.out))
+    print(write_card(args.out, license_id=args.license))
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from factory.io.report.hub import push
+
+    commit = push(args.out, args.repo_id, private=args.private, license_id=args.license)
+    print(f"pushed {args.out} to https://huggingface.co/datasets/{args.repo_id}: {commit}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS and COMMANDS[argv[0]][1] is not None:
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    handler = {"inspect": _inspect, "report": _report, "push": _push}[args.command]
+    try:
+        return handler(args)
+    except FactoryError as exc:
+        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # piped into `head`
+        sys.stderr.close()
+        return 0
+
+
+def entry() -> None:
+    """The ``factory`` console script."""
+    code = main()
+    if code == EXIT_INTERRUPTED:  # as `python -m factory.run`: skip Ray's at-exit teardown
+        sys.stdout.flush()
+        os._exit(code)
+    raise SystemExit(code)

@@ -1,0 +1,508 @@
+"""``OUT/report.html``: the run report, one self-contained file.
+
+Why one file with no script: a person opens it from a laptop, a cluster's
+shared disk or a CI artifact, offline; every plot is an inlined SVG picture
+(``plots``), the styles are inline, and nothing is fetched. The page is built
+from the manifest (funnel, reasons, tokens, cost, cache, time series) and one
+streamed pass over the accepted rows (``stats.RowStats``); manifest sections
+this module does not know (added by other features) are shown as tables, their
+numeric mappings as bar plots, and a section that is absent is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from factory.io.report import plots
+from factory.io.report.folder import OutputFolder, reservoir
+from factory.io.report.stats import RowStats
+from factory.io.writer import atomic_write_text
+
+__all__ = ["REPORT_FILE", "build_report", "write_report"]
+
+REPORT_FILE = "report.html"
+SAMPLES = 5
+# Manifest keys this page shows in sections of its own (the rest: "More from the manifest").
+_KNOWN = {
+    "recipe", "config_hash", "versions", "started_at", "wall_time_s", "wall_time_from",
+    "totals", "stages", "reasons", "files", "tokens", "cost_usd", "cost_usd_paid_this_run",
+    "responses_from_cache", "unissued", "timeline", "by_stage", "retries", "pipeline",
+    "calls", "unissued_by_stage", "target", "prompt_cache", "generated_with_devserver",
+    "budget", "timings", "model", "seeds", "mixture", "episodes", "grounding",
+}  # fmt: skip
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
+h1{font-size:1.6em;margin-bottom:.2em}
+h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:.2em .6em;text-align:left}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums} .muted{color:#777}
+.plots{display:flex;flex-wrap:wrap;gap:1em} figure.plot{margin:0}
+figure.plot img{max-width:520px;width:100%;height:auto;border:1px solid #eee}
+.conv{border:1px solid #ddd;border-radius:6px;padding:.5em;margin:.8em 0}
+.turn{margin:.3em 0;padding:.3em .6em;border-radius:4px;white-space:pre-wrap;word-break:break-word}
+.role{font-weight:600;font-size:.85em;text-transform:uppercase;color:#555;display:block}
+.human{background:#eef4ff} .gpt{background:#f2f2f2} .function_call{background:#fff6e0}
+.observation{background:#eaf7ea;font-family:monospace;font-size:.9em} .system{background:#fafafa}
+pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:.5em;margin:.2em 0}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if value else "0"
+    return f"{value:,}" if isinstance(value, int) else _e(value)
+
+
+def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...] | None = None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>")
+    for row in rows:
+        cells = []
+        for v in row:
+            numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+            cells.append(f'<td class="n">{_num(v)}</td>' if numeric else f"<td>{_e(v)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _figures(items: list[plots.Plot]) -> str:
+    return (
+        '<div class="plots">'
+        + "".join(
+            f'<figure class="plot"><img class="plot" alt="{_e(p.title)}" src="{p.data_uri()}">'
+            f"</figure>"
+            for p in items
+        )
+        + "</div>"
+    )
+
+
+def _section(title: str, body: str, anchor: str) -> str:
+    return f'<section id="{_e(anchor)}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+def _header(folder: OutputFolder) -> str:
+    m, state = folder.manifest, folder.state
+    status = state.get("status", "?")
+    if state.get("stopped_by"):
+        status += f" (stopped by {state['stopped_by']})"
+    rows = [
+        ("recipe", m.get("recipe", "?")),
+        ("pipeline", folder.pipeline),
+        ("status", status),
+        ("started", m.get("started_at", "?")),
+        ("wall time", f"{m.get('wall_time_s', 0)} s (since {m.get('wall_time_from', '?')})"),
+        ("model", m.get("model") or "none (no LLM)"),
+        ("generated with the development server", m.get("generated_with_devserver", False)),
+        ("config hash", m.get("config_hash", "?")),
+        ("factory version", (m.get("versions") or {}).get("factory", "?")),
+    ]
+    return f"<h1>Run report: {_e(m.get('recipe', '?'))}</h1>" + _table(rows)
+
+
+def _funnel(m: Mapping[str, Any]) -> str:
+    totals = m.get("totals") or {}
+    seeds = m.get("seeds") or {}
+    rows: list[tuple[Any, ...]] = []
+    steps: dict[str, float] = {}
+    if seeds:
+        for key in ("total", "kept", "rejected", "failed", "unissued"):
+            rows.append((f"seeds {key}", int(seeds.get(key) or 0)))
+        steps["seeds"], steps["kept"] = seeds.get("total", 0), seeds.get("kept", 0)
+    calls = m.get("calls") or {}
+    if calls:
+        rows.append(("calls issued", int(calls.get("issued") or 0)))
+        rows.append(("rounds", int(calls.get("rounds") or 0)))
+        steps["calls"] = calls.get("issued", 0)
+    what = {"amplify": "calls", "curate": "seeds", "envsim": "step samples"}
+    rows.append((f"total ({what.get(str(m.get('pipeline')), 'rows')})", totals.get("total", 0)))
+    for key in ("accepted", "surplus", "rejected", "failed"):
+        rows.append((key, totals.get(key, 0)))
+        steps[key] = totals.get(key, 0)
+    rows.append(("unissued", m.get("unissued", 0)))
+    steps["unissued"] = m.get("unissued", 0) or 0
+    target = m.get("target") or {}
+    if target:
+        rows.append(("target", f"{target.get('requested')} (reached: {target.get('reached')})"))
+    check = "accepted + surplus + rejected + failed = total: " + (
+        "holds"
+        if sum(totals.get(k, 0) for k in ("accepted", "surplus", "rejected", "failed"))
+        == totals.get("total", 0)
+        else "DOES NOT HOLD"
+    )
+    body = _table(rows, ("", "count")) + f'<p class="muted">{check}</p>'
+    return body + _figures([plots.bars(steps, "Funnel", xlabel="rows")])
+
+
+def _reasons(m: Mapping[str, Any]) -> str:
+    merged: Counter[str] = Counter()
+    for stage, codes in (m.get("reasons") or {}).items():
+        for code, n in codes.items():
+            merged[f"{stage}: {code}"] += n
+    for key, n in ((m.get("seeds") or {}).get("reasons") or {}).items():
+        merged[f"seeds {key}"] += n
+    if not merged:
+        return "<p>No row was rejected or failed.</p>"
+    ordered = dict(merged.most_common())
+    body = _table(list(ordered.items()), ("stage: reason", "rows"))
+    return body + _figures([plots.bars(ordered, "Reasons", xlabel="rows", horizontal=True)])
+
+
+def _distributions(m: Mapping[str, Any], stats: RowStats) -> str:
+    figs: list[plots.Plot] = []
+    if stats.outcome:
+        figs.append(plots.bars(dict(stats.outcome.most_common()), "Outcome", xlabel="rows"))
+    if stats.group:
+        figs.append(plots.bars(dict(stats.group.most_common()), "Group", xlabel="rows"))
+    if stats.delta_size:
+        figs.append(plots.histogram(stats.delta_size, "|Δ| (state-change ops)", xlabel="|Δ|"))
+    if stats.arg_cardinality:
+        figs.append(
+            plots.histogram(stats.arg_cardinality, "Argument cardinality", xlabel="arguments")
+        )
+    if stats.turns:
+        figs.append(plots.histogram(stats.turns, "Turns per row", xlabel="turns"))
+    if stats.calls_per_row:
+        figs.append(plots.histogram(stats.calls_per_row, "Tool calls per row", xlabel="calls"))
+    if stats.chars:
+        width = max(1, max(stats.chars) // 30 or 1)
+        binned = Counter((c // width) * width for c in stats.chars)
+        figs.append(
+            plots.histogram(binned, f"Length (characters, bins of {width})", xlabel="characters")
+        )
+    body = _figures(figs) if figs else "<p>No accepted row to count.</p>"
+    mixture = m.get("mixture") or {}
+    if mixture.get("wanted"):
+        selected, available = mixture.get("selected") or {}, mixture.get("available") or {}
+        rows = [
+            (
+                q,
+                w,
+                selected.get(q, 0),
+                available.get(q, 0),
+                (mixture.get("shortfall") or {}).get(q, 0),
+            )
+            for q, w in mixture["wanted"].items()
+        ]
+        body += f"<h3>Mixture {_e(mixture.get('name', ''))}: quotas</h3>"
+        body += _table(rows, ("quota", "wanted", "selected", "available", "shortfall"))
+    return body
+
+
+def _tools(stats: RowStats) -> str:
+    coverage = stats.coverage()
+    if not coverage:
+        return "<p>No tool call in the accepted rows.</p>"
+    used = sum(1 for n in coverage.values() if n)
+    offered = len(stats.tools_offered) or len(coverage)
+    body = f"<p>{used} of {offered} tools called ({sum(coverage.values()):,} calls).</p>"
+    return body + _figures(
+        [plots.bars(coverage, "Calls per tool", xlabel="calls", horizontal=True)]
+    )
+
+
+def _seed_yield(m: Mapping[str, Any], stats: RowStats) -> str:
+    kept = (m.get("seeds") or {}).get("kept")
+    summary = stats.seed_yield(kept)
+    if not summary:
+        return "<p>The rows carry no seed id.</p>"
+    body = _table(list(summary.items()), ("accepted rows per seed", ""))
+    histo = Counter(stats.per_seed.values())
+    if summary.get("seeds_without_rows"):
+        histo[0] += summary["seeds_without_rows"]
+    return body + _figures(
+        [plots.histogram(histo, "Seeds by accepted rows", xlabel="accepted rows", ylabel="seeds")]
+    )
+
+
+def _cost(m: Mapping[str, Any]) -> str:
+    by_stage = m.get("by_stage") or {}
+    tokens = m.get("tokens") or {}
+    if not by_stage and not tokens:
+        return "<p>This run made no LLM call.</p>"
+    rows = []
+    for stage, info in by_stage.items():
+        t = info.get("tokens") or {}
+        rows.append(
+            (
+                stage,
+                int(t.get("prompt_tokens") or 0),
+                int(t.get("cached_tokens") or 0),
+                int(t.get("completion_tokens") or 0),
+                float(info.get("cost_usd") or 0.0),
+            )
+        )
+    rows.append(
+        (
+            "run",
+            int(tokens.get("prompt_tokens") or 0),
+            int(tokens.get("cached_tokens") or 0),
+            int(tokens.get("completion_tokens") or 0),
+            float(m.get("cost_usd") or 0.0),
+        )
+    )
+    body = _table(rows, ("stage", "prompt tokens", "cached", "completion tokens", "cost USD"))
+    figs = []
+    if by_stage:
+        figs.append(
+            plots.bars({r[0]: r[4] for r in rows[:-1]}, "Cost per stage (USD)", xlabel="USD")
+        )
+        figs.append(
+            plots.bars({r[0]: r[1] + r[3] for r in rows[:-1]}, "Tokens per stage", xlabel="tokens")
+        )
+    retries = m.get("retries") or {}
+    if retries:
+        body += "<h3>Retries</h3>" + _table(list(retries.items()), ("reason", "attempts"))
+    return body + _figures(figs)
+
+
+def _over_time(m: Mapping[str, Any]) -> str:
+    timeline = m.get("timeline") or {}
+    points, columns = timeline.get("points") or [], timeline.get("columns") or []
+    if len(points) >= 2 and "seconds" in columns:
+        col = {name: [p[i] for p in points] for i, name in enumerate(columns)}
+        x = col["seconds"]
+        figs = [
+            plots.lines(
+                x,
+                {k: col[k] for k in ("total", "accepted") if k in col},
+                "Rows over time",
+                xlabel="seconds since start",
+                ylabel="rows",
+            )
+        ]
+        rate = [0.0] + [
+            (col["total"][i] - col["total"][i - 1]) / max(1e-9, x[i] - x[i - 1])
+            for i in range(1, len(x))
+        ]
+        figs.append(
+            plots.lines(
+                x, {"rows/s": rate}, "Throughput", xlabel="seconds since start", ylabel="rows/s"
+            )
+        )
+        if "cost_usd" in col:
+            costs = {k: col[k] for k in ("cost_usd", "paid_usd") if k in col}
+            figs.append(
+                plots.lines(x, costs, "Cost over time", xlabel="seconds since start", ylabel="USD")
+            )
+        return _figures(figs)
+    rounds = (m.get("timings") or {}).get("rounds") or []
+    if rounds:
+        rows = [
+            (i + 1, r.get("calls", 0), r.get("seconds", 0.0),
+             round(r.get("calls", 0) / r["seconds"], 2) if r.get("seconds") else "")
+            for i, r in enumerate(rounds)
+        ]  # fmt: skip
+        return _table(rows, ("round", "calls", "seconds", "calls/s"))
+    return "<p>This run recorded no time series.</p>"
+
+
+def _cache(m: Mapping[str, Any]) -> str:
+    calls = (m.get("calls") or {}).get("issued") or 0
+    seeds_total = (m.get("seeds") or {}).get("total") or 0
+    replayed = m.get("responses_from_cache")
+    if replayed is None:
+        return "<p>This run has no response cache figures.</p>"
+    asked = calls + seeds_total
+    rows: list[tuple[Any, ...]] = [("responses replayed from the cache", replayed)]
+    if asked:
+        rows.append(("share of LLM requests answered from the cache", round(replayed / asked, 4)))
+    rows.append(("cost of the output (USD)", float(m.get("cost_usd") or 0.0)))
+    rows.append(("paid by this run (USD)", float(m.get("cost_usd_paid_this_run") or 0.0)))
+    for key, value in (m.get("prompt_cache") or {}).items():
+        rows.append((key.replace("_", " "), value if value is not None else "n/a"))
+    return _table(rows, ("", ""))
+
+
+def _generic(value: Any, depth: int = 0) -> str:
+    if isinstance(value, Mapping):
+        if not value:
+            return '<span class="muted">empty</span>'
+        return _table_html([(k, _generic(v, depth + 1)) for k, v in value.items()])
+    if isinstance(value, list):
+        if all(not isinstance(v, (Mapping, list)) for v in value):
+            shown = ", ".join(_e(v) for v in value[:50])
+            return shown + (f" … ({len(value)} in all)" if len(value) > 50 else "")
+        return "".join(_generic(v, depth + 1) for v in value[:20])
+    return _num(value) if isinstance(value, (int, float)) else _e(value)
+
+
+def _table_html(rows: list[tuple[str, str]]) -> str:
+    """A key/value table whose values are already HTML."""
+    return (
+        "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
+    )
+
+
+def _numeric_maps(value: Any, path: str) -> Iterator[tuple[str, dict[str, float]]]:
+    """Mappings of 2-60 numbers inside ``value`` (a distribution a feature recorded)."""
+    if not isinstance(value, Mapping):
+        return
+    numbers = {
+        str(k): v
+        for k, v in value.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    if 2 <= len(numbers) == len(value) <= 60:
+        yield path, numbers
+    for k, v in value.items():
+        yield from _numeric_maps(v, f"{path} / {k}")
+
+
+def _more(m: Mapping[str, Any]) -> str:
+    sections = []
+    for key in sorted(set(m) - _KNOWN):
+        value = m[key]
+        figs = [plots.bars(nums, title, xlabel="") for title, nums in _numeric_maps(value, key)]
+        sections.append(
+            f"<h3>{_e(key)}</h3>" + _generic(value) + (_figures(figs[:12]) if figs else "")
+        )
+    for key in ("grounding", "budget"):
+        if m.get(key):
+            sections.append(f"<h3>{_e(key)}</h3>" + _generic(m[key]))
+    return "".join(sections)
+
+
+def _conversation(row: Mapping[str, Any]) -> str:
+    meta = row.get("meta") or {}
+    head = f"<b>{_e(row.get('id', '?'))}</b>"
+    labels = meta.get("labels") or {}
+    extra = {k: meta[k] for k in ("seed_id", "variation") if k in meta}
+    extra.update(
+        {k: v for k, v in labels.items() if v is not None and k in ("outcome", "group", "calls")}
+    )
+    if extra:
+        head += (
+            ' <span class="muted">'
+            + _e(", ".join(f"{k}={v}" for k, v in extra.items()))
+            + "</span>"
+        )
+    parts = [f'<div class="conv">{head}']
+    if row.get("system"):
+        parts.append(
+            '<details><summary>system prompt</summary><div class="turn system">'
+            f"{_e(row['system'])}</div></details>"
+        )
+    for turn in row.get("conversations") or []:
+        role = str(turn.get("from", "?"))
+        value = str(turn.get("value") or "")
+        if role == "function_call":
+            with contextlib.suppress(ValueError):
+                value = json.dumps(json.loads(value), indent=1, ensure_ascii=False)
+        parts.append(
+            f'<div class="turn {_e(role)}"><span class="role">{_e(role)}</span>{_e(value)}</div>'
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _step_sample(row: Mapping[str, Any]) -> str:
+    meta = row.get("meta") or {}
+    labels = meta.get("labels") or {}
+    info = ", ".join(
+        f"{k}={labels[k]}"
+        for k in ("outcome", "group", "delta_size", "arg_cardinality")
+        if k in labels
+    )
+    if meta.get("tool"):
+        info = f"tool={meta['tool']}, {info}"
+    return (
+        f'<div class="conv"><b>{_e(row.get("id", "?"))}</b> <span class="muted">{_e(info)}</span>'
+        "<details><summary>instruction</summary>"
+        f"<pre>{_e(row.get('instruction', ''))}</pre></details>"
+        f'<span class="role">input</span><pre>{_e(row.get("input", ""))}</pre>'
+        f'<span class="role">output</span><pre>{_e(row.get("output", ""))}</pre></div>'
+    )
+
+
+def _samples(folder: OutputFolder, samples: list[dict[str, Any]]) -> str:
+    if not samples:
+        return "<p>No accepted row.</p>"
+    render = _step_sample if folder.row_format == "alpaca" else _conversation
+    what = "step samples" if folder.row_format == "alpaca" else "conversations"
+    note = f'<p class="muted">{len(samples)} {what} drawn at random (seed 0) from the accepted'
+    note += " rows.</p>"
+    return note + "".join(render(r) for r in samples)
+
+
+def _reject_examples(folder: OutputFolder, per_reason: int = 2) -> str:
+    shown: Counter[str] = Counter()
+    parts = []
+    for row in folder.rejects():
+        reason = f"{row.get('stage', '?')}: {row.get('reason', '?')}"
+        if shown[reason] >= per_reason or (len(shown) > 12 and reason not in shown):
+            continue
+        shown[reason] += 1
+        parts.append(
+            f'<div class="conv"><b>{_e(reason)}</b> <span class="muted">'
+            f"{_e(row.get('id') or row.get('seed_id') or '')}</span>"
+            f"<pre>{_e(str(row.get('message') or '')[:800])}</pre></div>"
+        )
+    return "".join(parts) or "<p>None.</p>"
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+
+def build_report(folder: OutputFolder, *, samples: int = SAMPLES) -> str:
+    """The report page of ``folder`` as one HTML string."""
+    stats = RowStats()
+
+    def counted() -> Iterator[dict[str, Any]]:
+        for row in folder.rows():
+            stats.add(row)
+            yield row
+
+    picked = reservoir(counted(), samples)
+    m = folder.manifest
+    sections = [
+        ("Funnel", _funnel(m), "funnel"),
+        ("Reasons", _reasons(m), "reasons"),
+        ("Distributions", _distributions(m, stats), "distributions"),
+        ("Tool coverage", _tools(stats), "tools"),
+        ("Per-seed yield", _seed_yield(m, stats), "yield"),
+        ("Tokens and cost per stage", _cost(m), "cost"),
+        ("Throughput and cost over time", _over_time(m), "time"),
+        ("Response cache", _cache(m), "cache"),
+    ]
+    more = _more(m)
+    if more:
+        sections.append(("More from the manifest", more, "more"))
+    sections.append(("Samples", _samples(folder, picked), "samples"))
+    sections.append(("Rejected and failed rows: examples", _reject_examples(folder), "rejects"))
+    body = _header(folder) + "".join(_section(t, b, a) for t, b, a in sections)
+    title = f"factory run report: {m.get('recipe', '?')}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def write_report(out_dir: Path | str, *, samples: int = SAMPLES) -> Path:
+    """Write ``OUT/report.html`` (atomically) and return its path.
+
+    Raises:
+        ConfigError: ``out_dir`` is not a run's output folder.
+        OutputWriteError: the file could not be written.
+    """
+    folder = OutputFolder(out_dir)
+    path = folder.path / REPORT_FILE
+    atomic_write_text(path, build_report(folder, samples=samples), folder.path)
+    return path

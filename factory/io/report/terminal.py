@@ -1,0 +1,138 @@
+"""``factory inspect``: rows of an output folder as conversations in the terminal.
+
+Why: reading a dataset should not need a pyarrow script. Each accepted row is
+one panel of turns (user, assistant, tool call, tool result), coloured by role;
+an envsim step sample is its call, its answer and its labels; a rejected row
+is its stage, reason and message. Rendering goes to a ``rich`` Console the
+caller passes, so tests render to a string and read what a person would see.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
+
+from factory.io.report.folder import OutputFolder, Where
+
+__all__ = ["inspect_folder", "render_row"]
+
+ROLE_STYLE = {
+    "human": ("user", "bold blue"),
+    "gpt": ("assistant", "bold green"),
+    "function_call": ("tool call", "bold yellow"),
+    "observation": ("tool result", "bold magenta"),
+    "system": ("system", "bold"),
+}
+MAX_VALUE = 2000  # characters of one turn shown; the rest is cut with a note
+
+
+def _clip(text: str, limit: int = MAX_VALUE) -> str:
+    return text if len(text) <= limit else text[:limit] + f" … ({len(text) - limit} more chars)"
+
+
+def _meta_line(meta: Mapping[str, Any]) -> str:
+    labels = meta.get("labels") or {}
+    parts = [f"{k}={meta[k]}" for k in ("seed_id", "variation", "tool") if meta.get(k) is not None]
+    parts += [
+        f"{k}={labels[k]}"
+        for k in ("outcome", "group", "delta_size", "arg_cardinality", "calls")
+        if labels.get(k) is not None
+    ]
+    return ", ".join(parts)
+
+
+def _conversation(row: Mapping[str, Any]) -> list[Text]:
+    lines: list[Text] = []
+    for turn in row.get("conversations") or []:
+        role = str(turn.get("from", "?"))
+        name, style = ROLE_STYLE.get(role, (role, "bold"))
+        value = str(turn.get("value") or "")
+        if role == "function_call":
+            try:
+                call = json.loads(value)
+                calls = call if isinstance(call, list) else [call]
+                value = "\n".join(
+                    f"{c.get('name')}({json.dumps(c.get('arguments'), ensure_ascii=False)})"
+                    for c in calls
+                )
+            except (ValueError, AttributeError):
+                pass
+        text = Text()
+        text.append(f"{name}: ", style=style)
+        text.append(_clip(value))
+        lines.append(text)
+    return lines
+
+
+def _step(row: Mapping[str, Any]) -> list[Text]:
+    out = []
+    for key in ("input", "output"):
+        text = Text()
+        text.append(f"{key}: ", style="bold")
+        text.append(_clip(str(row.get(key) or "")))
+        out.append(text)
+    return out
+
+
+def _reject(row: Mapping[str, Any]) -> list[Text]:
+    head = Text()
+    head.append(f"{row.get('stage', '?')}: {row.get('reason', '?')}", style="bold red")
+    out = [head, Text(_clip(str(row.get("message") or "")))]
+    raw = row.get("raw") or row.get("completion") or row.get("record")
+    if raw:
+        text = Text()
+        text.append("raw: ", style="bold")
+        text.append(_clip(raw if isinstance(raw, str) else json.dumps(raw), 1200))
+        out.append(text)
+    return out
+
+
+def render_row(row: Mapping[str, Any], *, rejected: bool = False) -> Panel:
+    """One row as a panel: title = its id, subtitle = provenance and labels."""
+    meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+    if rejected:
+        body = _reject(row)
+        meta = {k: row[k] for k in ("seed_id", "variation") if row.get(k) is not None}
+    elif "conversations" in row:
+        body = _conversation(row)
+    else:
+        body = _step(row)
+    return Panel(
+        Group(*body),
+        title=str(row.get("id") or row.get("seed_id") or "?"),
+        subtitle=_meta_line(meta or {}) or None,
+        title_align="left",
+        border_style="red" if rejected else "cyan",
+    )
+
+
+def inspect_folder(
+    folder: OutputFolder,
+    console: Console,
+    *,
+    n: int = 5,
+    where: Iterable[Where] = (),
+    rejects: str | None = None,
+) -> int:
+    """Print the first ``n`` rows that match; returns how many were printed."""
+    filters = list(where)
+    rows = folder.select(filters, rejects=rejects)
+    shown = 0
+    for row in itertools.islice(rows, n):
+        console.print(render_row(row, rejected=rejects is not None))
+        shown += 1
+    if not shown:
+        what = f"rejected rows with reason {rejects}" if rejects else "accepted rows"
+        cond = " and ".join(f"{w.key}={w.value}" for w in filters)
+        console.print(f"no {what}" + (f" where {cond}" if cond else "") + f" in {folder.path}")
+        if rejects and rejects != "all":
+            known = sorted({str(r["reason"]) for r in folder.rejects() if r.get("reason")})
+            if known:
+                console.print("reasons in this folder: " + ", ".join(known))
+    return shown
