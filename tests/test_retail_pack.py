@@ -318,3 +318,14 @@ def test_seeds_are_reproduced_by_their_author_script() -> None:
 
     module = runpy.run_path(str(ROOT / "seeds" / "retail" / "author.py"), run_name="author")
     assert [s.turns for s in module["SEEDS"]] == [s["conversations"] for s in SEEDS]
+
+
+def test_retail_envsim_recipe_selects_balance2_over_the_retail_pack() -> None:
+    from factory.core.mixture import Mixture
+
+    cfg = load_recipe(ROOT / "pipelines" / "retail-envsim.yaml")
+    assert cfg.pipeline == "envsim" and cfg.domain.name == "retail"
+    assert cfg.domain.tools and cfg.resolve(cfg.domain.tools) == TOOLS_PATH
+    assert cfg.mixture is not None
+    mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
+    assert sum(q.count for q in mixture.quotas) == 6230  # EnvSimBench's Balance2
