@@ -61,3 +61,17 @@ def test_rows_are_labelled_with_their_part() -> None:
         {"domain": "retail"},
     ]
     assert rows[0]["meta"] == json.dumps({"seed_id": "s1"})  # the input rows are not changed
+
+
+def test_the_dry_run_plans_every_part() -> None:
+    from factory.engine.plan import make_plan
+
+    plan = make_plan(load_recipe(MIXED), with_examples=False)
+    assert (plan.seeds_read, plan.seeds_valid) == (76, 76)  # 41 airline + 35 retail seeds
+    calls = {s.stage: s.calls for s in plan.stages}
+    assert calls == {
+        "prefilter/airline": 41,
+        "amplify/airline": 30000,  # 27,000 rows at the expected yield of 0.9
+        "prefilter/retail": 35,
+        "amplify/retail": 70000,
+    }
