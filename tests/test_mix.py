@@ -75,3 +75,16 @@ def test_the_dry_run_plans_every_part() -> None:
         "prefilter/retail": 35,
         "amplify/retail": 70000,
     }
+
+
+def test_a_mixed_run_resumes_with_other_quotas_but_not_other_parts() -> None:
+    from factory.io.runstate import changed_keys
+
+    def dump(*overrides: str) -> dict[str, object]:
+        return load_recipe(MIXED, list(overrides)).model_dump(mode="json")
+
+    before = dump()
+    more = dump("parts.0.quota=30000", "amplify.target=93000")
+    assert changed_keys(before, more) == []  # raising a quota extends the run
+    other = dump("parts.1.seeds.path=../seeds/other/*.jsonl")
+    assert changed_keys(before, other) == ["parts.1.seeds.path"]
