@@ -59,6 +59,10 @@ def test_mixed_recipe_fills_each_domain_quota_and_labels_rows(
     assert {k: v["rows"] for k, v in manifest["parts"].items()} == {"airline": 12, "retail": 18}
     t = manifest["totals"]
     assert t["accepted"] == 30
+    parts = [json.loads((out / "parts" / n / "manifest.json").read_text()) for n in by_domain]
+    for kind in ("prompt_tokens", "completion_tokens"):  # what every part spent, summed
+        assert manifest["tokens"][kind] == sum(p["tokens"][kind] for p in parts) > 0
+    assert manifest["stages"]["postprocess"]["accepted"] == 30
     assert t["total"] == t["accepted"] + t["surplus"] + t["rejected"] + t["failed"]
     info = json.loads((out / "dataset_info.json").read_text())
     assert info["factory_mixed"]["file_name"] == "data"

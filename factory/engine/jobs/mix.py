@@ -23,6 +23,7 @@ run).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,7 @@ def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
     totals = dict.fromkeys(TOTAL_KEYS, 0)
     spent: dict[str, float] = {"cost_usd": 0.0, "tokens": 0, "calls": 0}
+    tokens_by_kind: Counter[str] = Counter()
     parts: dict[str, Any] = {}
     stopped_by: str | None = None
     error: str | None = None
@@ -171,6 +173,14 @@ def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
         for key in TOTAL_KEYS:
             totals[key] += int(part_totals.get(key, 0))
         tokens = part_manifest.get("tokens") or {}
+        tokens_by_kind.update({k: int(v) for k, v in tokens.items()})
+        for stage, outcomes in (part_manifest.get("stages") or {}).items():
+            manifest.stages.setdefault(stage, {})
+            for outcome, n in outcomes.items():
+                manifest.stages[stage][outcome] = manifest.stages[stage].get(outcome, 0) + n
+        for stage, codes in (part_manifest.get("reasons") or {}).items():
+            for code, n in codes.items():
+                manifest.reason(stage, code, n)
         spent["cost_usd"] += float(part_manifest.get("cost_usd") or 0.0)
         spent["tokens"] += int(tokens.get("prompt_tokens", 0)) + int(
             tokens.get("completion_tokens", 0)
@@ -195,7 +205,7 @@ def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
         pipeline="amplify",
         parts=parts,
         cost_usd=round(spent["cost_usd"], 6),
-        tokens_total=int(spent["tokens"]),
+        tokens=dict(tokens_by_kind),
         calls={"issued": int(spent["calls"])},
         target={
             "requested": sum(p.quota for p in cfg.parts),
