@@ -12,7 +12,7 @@ Relative paths inside a recipe are resolved against the recipe file's folder,
 so ``pipelines/airline.yaml`` can say ``../seeds/airline/seeds.jsonl`` and
 work from any working directory.
 
-One module on purpose (about 680 lines): the recipe schema is documented once,
+One module on purpose (about 730 lines): the recipe schema is documented once,
 here, and read top to bottom like the recipe itself; every section model and
 the loader that checks them against the generated schema belong together.
 """
@@ -46,6 +46,7 @@ __all__ = [
     "LLMConfig",
     "MixtureConfig",
     "OutputConfig",
+    "PartConfig",
     "PrefilterConfig",
     "PriceConfig",
     "RayConfig",
@@ -385,6 +386,20 @@ class MixtureConfig(_Strict):
     )
 
 
+class PartConfig(_Strict):
+    """One domain of a mixed amplification recipe: its pack, its seeds and its quota."""
+
+    domain: DomainConfig = Field(description="The part's domain (pack files or plug-in name).")
+    seeds: SeedsConfig = Field(description="The part's seed trajectories.")
+    quota: int = Field(ge=1, description="Accepted rows of this part in the mixed dataset.")
+    label: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Label written on every row of the part (meta.domain) and the name of "
+        "its folder under parts/; default: the part's domain name.",
+    )
+
+
 class CacheConfig(_Strict):
     enabled: bool = Field(True, description="Reuse completed LLM responses (never pay twice).")
     path: str | None = Field(
@@ -407,6 +422,14 @@ class RecipeConfig(_Strict):
     llm: LLMConfig | None = None
     prefilter: PrefilterConfig = Field(default_factory=PrefilterConfig)  # type: ignore[arg-type]
     amplify: AmplifyConfig | None = None
+    parts: list[PartConfig] | None = Field(
+        None,
+        min_length=1,
+        description="Mixed amplification: one part per domain, each amplified from its own "
+        "seeds to its quota with this recipe's llm, prefilter and amplify settings, into one "
+        "dataset whose rows carry their part's label (meta.domain). With parts, the recipe "
+        "has no seeds section and domain.name names the mixture.",
+    )
     output: OutputConfig
     ray: RayConfig = Field(default_factory=RayConfig)  # type: ignore[arg-type]
     cache: CacheConfig = Field(default_factory=CacheConfig)  # type: ignore[arg-type]
@@ -649,9 +672,11 @@ def _semantic_checks(cfg: RecipeConfig) -> None:
         if cfg.mixture is None:
             raise ConfigError("the envsim pipeline needs a mixture section", key_path="mixture")
         return
-    if cfg.seeds is None:
+    if cfg.parts is not None:
+        _check_parts(cfg)
+    elif cfg.seeds is None:
         raise ConfigError("missing required value", key_path="seeds")
-    if cfg.seeds.path is None and cfg.seeds.hf_dataset is None:
+    elif cfg.seeds.path is None and cfg.seeds.hf_dataset is None:
         raise ConfigError("set seeds.path or seeds.hf_dataset", key_path="seeds")
     if cfg.pipeline == "amplify":
         if cfg.llm is None:
@@ -665,6 +690,31 @@ def _semantic_checks(cfg: RecipeConfig) -> None:
             f"per-actor limit {cfg.llm.per_actor_concurrency} exceeds the global "
             f"limit {cfg.llm.concurrency}",
             key_path="llm.per_actor_concurrency",
+        )
+
+
+def _check_parts(cfg: RecipeConfig) -> None:
+    """A mixed recipe: an amplify recipe whose seeds, domains and quotas are its parts."""
+    if cfg.pipeline != "amplify":
+        raise ConfigError("parts need the amplify pipeline", key_path="parts")
+    if cfg.seeds is not None:
+        raise ConfigError("a recipe with parts names its seeds in each part", key_path="seeds")
+    if cfg.mixture is not None:
+        raise ConfigError("a recipe with parts selects by its quotas", key_path="mixture")
+    assert cfg.parts is not None
+    labels = [p.label or p.domain.name for p in cfg.parts]
+    for i, label in enumerate(labels):
+        if label in labels[:i]:
+            raise ConfigError(f"label {label!r} is used twice", key_path=f"parts.{i}")
+    for i, part in enumerate(cfg.parts):
+        if part.seeds.path is None and part.seeds.hf_dataset is None:
+            raise ConfigError("set seeds.path or seeds.hf_dataset", key_path=f"parts.{i}.seeds")
+    total = sum(p.quota for p in cfg.parts)
+    if cfg.amplify is not None and cfg.amplify.target != total:
+        raise ConfigError(
+            f"amplify.target ({cfg.amplify.target}) must equal the sum of the parts' quotas "
+            f"({total})",
+            key_path="amplify.target",
         )
 
 

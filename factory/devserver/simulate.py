@@ -103,7 +103,8 @@ _NOT_RENAMED = frozenset(_MONTHS) | frozenset(calendar.day_name) | {
 _NAME_RE = re.compile(r"[A-Z][a-z]+")
 _USER_ID_RE = re.compile(r"([a-z]+)_([a-z]+)_(\d+)")
 _LITERAL_ID_RE = re.compile(r"[A-Za-z0-9_]{4,40}")
-_PREFIXED_ID_RE = re.compile(r"([A-Z]{2,3})(\d{3,4})")  # a code with a letter prefix (HAT123)
+# A code with a letter prefix keeps it (HAT123, W2378156): the prefix is the id's format.
+_PREFIXED_ID_RE = re.compile(r"([A-Z]{1,3})(\d{3,8})")
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _UPPER = _LOWER.upper()
 _DIGITS = "0123456789"

@@ -131,6 +131,8 @@ def _stage(
 
 def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
     """Check the seeds and estimate every LLM stage of ``cfg``."""
+    if cfg.parts is not None:
+        return _mixed_plan(cfg, with_examples=with_examples)
     check_seed_files(cfg)  # the run's own check: a dry run refuses what the run refuses
     plan = Plan()
     check = build_seed_check(cfg)
@@ -194,4 +196,27 @@ def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
     )
     if with_examples:
         plan.example_prompts["amplify"] = prompts[0].messages
+    return plan
+
+
+def _mixed_plan(cfg: RecipeConfig, *, with_examples: bool) -> Plan:
+    """A recipe with parts: every part's plan, its stages named ``stage/label``."""
+    from pathlib import Path
+
+    from factory.engine.jobs.mix import part_label, part_recipe
+
+    assert cfg.parts is not None
+    plan = Plan()
+    for i, part in enumerate(cfg.parts):
+        sub = make_plan(part_recipe(cfg, i, Path(cfg.output.dir)), with_examples=with_examples)
+        label = part_label(part)
+        plan.seeds_read += sub.seeds_read
+        plan.seeds_valid += sub.seeds_valid
+        plan.seeds_rejected += sub.seeds_rejected
+        plan.reject_reasons.update(sub.reject_reasons)
+        for stage in sub.stages:
+            stage.stage = f"{stage.stage}/{label}"
+            plan.stages.append(stage)
+        for stage_name, messages in sub.example_prompts.items():
+            plan.example_prompts[f"{stage_name}/{label}"] = messages
     return plan

@@ -87,7 +87,12 @@ def run(
         start_run_clock()
     else:
         start_run_clock(started[0], label=started[1])
-    if cfg.pipeline != "envsim":
+    if cfg.parts is not None:  # a mixed recipe: every part's seeds
+        from factory.engine.jobs.mix import part_recipe
+
+        for i in range(len(cfg.parts)):
+            check_seed_files(part_recipe(cfg, i, Path(out_dir).resolve()))
+    elif cfg.pipeline != "envsim":
         check_seed_files(cfg)  # before the folder or Ray: unusable seeds stop the run here
     out_dir = Path(out_dir).resolve()
     cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
@@ -118,6 +123,10 @@ def _run_locked(
         print(f"log (Ray's messages, retries): {log}", file=console())
         if cfg.pipeline == "curate":
             result = run_curate(cfg, out_dir, progress=progress)
+        elif cfg.parts is not None:
+            from factory.engine.jobs.mix import run_mix
+
+            result = run_mix(cfg, out_dir, progress=progress)
         elif cfg.pipeline == "envsim":
             from factory.engine.jobs.envsim import run_envsim
 

@@ -118,9 +118,19 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def _parts_by_index(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A mixed recipe's parts as ``parts.N.*`` keys, quotas left out: a part's quota is
+    resumable like ``amplify.target`` (raising it asks that part for more rows)."""
+    parts = recipe.get("parts")
+    if not isinstance(parts, list):
+        return recipe
+    indexed = {str(i): {k: v for k, v in p.items() if k != "quota"} for i, p in enumerate(parts)}
+    return {**recipe, "parts": indexed}
+
+
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Key paths whose values differ, other than the resumable ones."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = _flatten(_parts_by_index(old)), _flatten(_parts_by_index(new))
     keys = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
     return [k for k in keys if not any(k == r or k.startswith(r + ".") for r in RESUMABLE)]
 

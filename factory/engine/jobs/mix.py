@@ -1,0 +1,223 @@
+"""The mixed amplification job: several domains, one dataset, a quota per domain.
+
+Why parts and not one run over every seed: a domain is more than its seeds. The
+seed checks, the judge prompt, the amplification prompt (its static block is the
+domain's tools and policy), post-processing and validation all read one domain
+pack, and the prompt caches want one static prefix per call stream. So a recipe
+with ``parts`` runs the amplify job once per part, each a whole amplify run of its
+own (seed checks, judge, rounds to its quota, resume, cache) in ``OUT/parts/LABEL/``
+with the recipe's ``llm``, ``prefilter`` and ``amplify`` settings, the part's domain
+and seeds, and ``amplify.target`` = the part's quota. Then the accepted rows of every
+part are copied, in part order, into ``OUT/data/`` with the part's label in
+``meta.domain``, and one ``dataset_info.json`` and ``manifest.json`` describe the
+mixed dataset (``manifest.parts`` holds each part's totals and why it stopped).
+
+Nothing here knows a domain: a part is a ``domain`` section like any recipe's.
+Every part shares the recipe's response cache (``OUT/cache`` unless ``cache.path``
+names one), so ``--fresh`` keeps what every part paid for. Caps are run-wide: a part
+gets what the parts before it left of ``max_cost_usd``, ``max_tokens`` and
+``max_calls``, and a cap reached stops the parts after it (they are recorded as not
+run).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from factory.config import PartConfig, RecipeConfig
+from factory.engine.result import RunResult, new_manifest
+from factory.io.writer import ShardWriter, write_dataset_info
+
+__all__ = ["label_rows", "part_label", "part_recipe", "run_mix"]
+
+PARTS_DIR = "parts"
+TOTAL_KEYS = ("total", "accepted", "surplus", "rejected", "failed")
+
+
+def part_label(part: PartConfig) -> str:
+    """The label a part's rows carry (``meta.domain``) and its folder's name."""
+    return part.label or part.domain.name
+
+
+def part_recipe(
+    cfg: RecipeConfig, index: int, out_dir: Path, spent: dict[str, float] | None = None
+) -> RecipeConfig:
+    """The amplify recipe of part ``index``: ``cfg`` with the part's domain and seeds, its
+    quota as target, its own folder, the shared cache and what is left of the caps.
+
+    Args:
+        cfg: a recipe with ``parts``.
+        index: which part.
+        out_dir: the mixed run's output folder.
+        spent: what earlier parts used (``cost_usd``, ``tokens``, ``calls``).
+    """
+    assert cfg.parts is not None and cfg.amplify is not None
+    part = cfg.parts[index]
+    spent = spent or {}
+    amp = cfg.amplify.model_copy(
+        update={
+            "target": part.quota,
+            "max_cost_usd": _left(cfg.amplify.max_cost_usd, spent.get("cost_usd", 0.0)),
+            "max_tokens": _left(cfg.amplify.max_tokens, spent.get("tokens", 0)),
+            "max_calls": _left(cfg.amplify.max_calls, spent.get("calls", 0)),
+        }
+    )
+    cache = cfg.cache.model_copy(update={"path": cfg.cache.path or str(out_dir / "cache")})
+    output = cfg.output.model_copy(
+        update={
+            "dir": str(out_dir / PARTS_DIR / part_label(part)),
+            "dataset_name": f"{cfg.output.dataset_name}_{part_label(part)}",
+        }
+    )
+    sub = cfg.model_copy(
+        update={
+            "domain": part.domain,
+            "seeds": part.seeds,
+            "parts": None,
+            "amplify": amp,
+            "cache": cache,
+            "output": output,
+        },
+        deep=True,
+    )
+    sub._base_dir = cfg._base_dir
+    return sub
+
+
+def _left(cap: Any, used: float) -> Any:
+    """What is left of a cap (None: no cap); at least a sliver, so the part stops at once
+    with the cap's name instead of failing validation."""
+    if cap is None:
+        return None
+    left = cap - used
+    if isinstance(cap, int):
+        return max(1, int(left))
+    return max(left, 1e-9)
+
+
+def _exhausted(cfg: RecipeConfig, spent: dict[str, float]) -> str | None:
+    """The run-wide cap earlier parts used up, if any."""
+    amp = cfg.amplify
+    assert amp is not None
+    for cap, used, name in (
+        (amp.max_cost_usd, spent["cost_usd"], "max_cost_usd"),
+        (amp.max_tokens, spent["tokens"], "max_tokens"),
+        (amp.max_calls, spent["calls"], "max_calls"),
+    ):
+        if cap is not None and used >= cap:
+            return name
+    return None
+
+
+def label_rows(rows: Iterator[dict[str, Any]], label: str) -> Iterator[dict[str, Any]]:
+    """The rows with ``label`` written as ``meta.domain`` (meta is a JSON object text)."""
+    for row in rows:
+        meta = json.loads(row.get("meta") or "{}")
+        meta["domain"] = label
+        yield {**row, "meta": json.dumps(meta, ensure_ascii=False)}
+
+
+def _part_rows(part_dir: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for path in sorted((part_dir / "data").glob("*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
+            yield from batch.to_pylist()
+
+
+def _run_part(sub: RecipeConfig, part_dir: Path, progress: bool) -> tuple[dict[str, Any], Any]:
+    """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
+    from factory.engine.jobs.amplify import run_amplify
+    from factory.io.runstate import finish_run, prepare_output
+
+    mode = prepare_output(sub, part_dir, fresh=False, retry_failed=False)
+    if mode == "done":
+        manifest = json.loads((part_dir / "manifest.json").read_text(encoding="utf-8"))
+        return manifest, None
+    result = run_amplify(sub, part_dir, progress=progress)
+    if result.error is None:
+        finish_run(sub, part_dir, stopped_by=result.stopped_by)
+    return {**result.manifest, "error": result.error}, result.stopped_by
+
+
+def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+    """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring)."""
+    assert cfg.parts is not None
+    manifest = new_manifest(cfg)
+    data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
+    totals = dict.fromkeys(TOTAL_KEYS, 0)
+    spent: dict[str, float] = {"cost_usd": 0.0, "tokens": 0, "calls": 0}
+    tokens_by_kind: Counter[str] = Counter()
+    parts: dict[str, Any] = {}
+    stopped_by: str | None = None
+    error: str | None = None
+    for index, part in enumerate(cfg.parts):
+        label = part_label(part)
+        cap = _exhausted(cfg, spent)
+        if cap is not None or error is not None:
+            stopped_by = stopped_by or cap
+            parts[label] = {"quota": part.quota, "run": False, "stopped_by": cap}
+            continue
+        sub = part_recipe(cfg, index, out_dir, spent)
+        part_dir = Path(sub.output.dir)
+        part_manifest, part_stop = _run_part(sub, part_dir, progress)
+        before = data.rows_written
+        data.extend(label_rows(_part_rows(part_dir), label))
+        data.flush()
+        written = data.rows_written - before
+        part_totals = part_manifest.get("totals") or {}
+        for key in TOTAL_KEYS:
+            totals[key] += int(part_totals.get(key, 0))
+        tokens = part_manifest.get("tokens") or {}
+        tokens_by_kind.update({k: int(v) for k, v in tokens.items()})
+        for stage, outcomes in (part_manifest.get("stages") or {}).items():
+            manifest.stages.setdefault(stage, {})
+            for outcome, n in outcomes.items():
+                manifest.stages[stage][outcome] = manifest.stages[stage].get(outcome, 0) + n
+        for stage, codes in (part_manifest.get("reasons") or {}).items():
+            for code, n in codes.items():
+                manifest.reason(stage, code, n)
+        spent["cost_usd"] += float(part_manifest.get("cost_usd") or 0.0)
+        spent["tokens"] += int(tokens.get("prompt_tokens", 0)) + int(
+            tokens.get("completion_tokens", 0)
+        )
+        spent["calls"] += int((part_manifest.get("calls") or {}).get("issued", 0))
+        parts[label] = {
+            "quota": part.quota,
+            "run": True,
+            "dir": part_dir.relative_to(out_dir).as_posix(),
+            "rows": written,
+            "totals": part_totals,
+            "stopped_by": part_stop,
+            "cost_usd": part_manifest.get("cost_usd"),
+            "generated_with_devserver": part_manifest.get("generated_with_devserver"),
+        }
+        stopped_by = stopped_by or part_stop
+        error = error or part_manifest.get("error")
+    data.close()
+    manifest.files.update(data.files)
+    write_dataset_info(out_dir, cfg.output.dataset_name)
+    manifest.extra.update(
+        pipeline="amplify",
+        parts=parts,
+        cost_usd=round(spent["cost_usd"], 6),
+        tokens=dict(tokens_by_kind),
+        calls={"issued": int(spent["calls"])},
+        target={
+            "requested": sum(p.quota for p in cfg.parts),
+            "reached": totals["accepted"] >= sum(p.quota for p in cfg.parts),
+            "stopped_by": stopped_by,
+        },
+        generated_with_devserver=any(p.get("generated_with_devserver") for p in parts.values()),
+    )
+    manifest.write(out_dir, **totals)
+    manifest_dict = manifest.to_dict(**totals)
+    result = RunResult(
+        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
+    )
+    result.error = error
+    return result
