@@ -28,6 +28,7 @@ from factory.core.selection import select
 from factory.engine.collect import Collector
 from factory.engine.console import top_reasons
 from factory.engine.prompts import PromptTemplate, estimate_tokens
+from factory.engine.quality import build_decontaminator, build_neardup_index
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.engine.stages.amplify import amplify_template
 from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
@@ -338,9 +339,15 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         # share instead, so a low-yield seed cannot stall the run.
         data_subdir="candidates" if cfg.mixture else "data",
         keep_labels=cfg.mixture is not None,
+        # Loads the earlier runs' indexes now: a bad one stops the run before any call.
+        neardup=build_neardup_index(cfg),
     )
+    decontam = build_decontaminator(cfg)  # a missing benchmark file fails here, not in an actor
+    if cfg.mixture:
+        collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
     phase_start = time.time()
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest, collector)
+    collector.seeds = list(kept)
     timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
     seeds_unissued = manifest.extra["seeds"]["unissued"]
     order = seed_order(list(kept), cfg.amplify.seed)
@@ -457,6 +464,17 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         budget=None if budget is None else ray.get(budget.snapshot.remote()),
         timings=timings,
         model=cfg.llm.model,
+        decontamination=None
+        if decontam is None
+        else {
+            "benchmark_texts": len(decontam),
+            "n": decontam.n,
+            "threshold": decontam.threshold,
+            "excluded_ids": len(decontam.exclude_ids),
+            "rejected": manifest.reasons["decontam"]["contaminated"]
+            if "decontam" in manifest.reasons
+            else 0,
+        },
     )
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(
