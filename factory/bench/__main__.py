@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--quiet", action="store_true")
     st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
     pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
+    nd = sub.add_parser("neardup", help="near-duplicate signing and index: rows/s, peak RSS")
+    nd.add_argument("--rows", type=int, default=90000, help="rows for rensa (the one used)")
+    nd.add_argument("--datasketch-rows", type=int, default=9000, help="0: skip datasketch")
+    nd.add_argument("--planted", type=float, default=0.1, help="share of planted near-copies")
     for command in (a, st, pp):
         command.add_argument(
             "--recipe",
@@ -74,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     report: dict[str, Any]
-    if args.what == "postprocess":
+    if args.what == "neardup":
+        from factory.bench.neardup import bench_neardup
+
+        report = bench_neardup(args)
+    elif args.what == "postprocess":
         report = bench_postprocess(args)
     elif args.what == "storm":
         report = bench_storm(args)
