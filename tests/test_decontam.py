@@ -97,3 +97,16 @@ def test_planted_benchmark_copies_are_all_caught_in_postprocess(tmp_path: Path) 
             assert out["status"] == "ok", out.get("message")
             clean += 1
     assert caught == 6 and clean == 6
+
+
+def test_curate_export_stage_decontaminates_and_signs(tmp_path: Path) -> None:
+    from factory.core.neardup import NearDupParams
+    from factory.engine.stages.export import ExportStage
+
+    d = Decontaminator(load_benchmark_texts(_bench_file(tmp_path)))
+    stage = ExportStage(decontam=d, neardup=NearDupParams())
+    dirty = Trajectory(turns=[Turn("user", BENCH[0]), Turn("assistant", "ok")])
+    out = stage.run_one(make_row(record=dirty.to_json()))
+    assert out["status"] == "rejected" and out["reason"] == "contaminated"
+    out = stage.run_one(make_row(record=SEEDS[0].to_json()))
+    assert out["status"] == "ok" and out["minhash"] and out["output"]

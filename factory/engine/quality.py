@@ -8,15 +8,18 @@ what a stage (``Decontaminator``, signature parameters) or the driver
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from factory.config import RecipeConfig
-from factory.core.decontam import Decontaminator, load_benchmark_texts
+from factory.core.decontam import DECONTAM_STAGE, Decontaminator, load_benchmark_texts
 from factory.core.neardup import NearDupIndex, NearDupParams
+from factory.io.writer import Manifest
 
 __all__ = [
     "INDEX_FILE",
     "build_decontaminator",
     "build_neardup_index",
+    "decontam_summary",
     "index_path",
     "neardup_params",
 ]
@@ -52,6 +55,21 @@ def build_decontaminator(cfg: RecipeConfig) -> Decontaminator | None:
     texts = [t for path in dc.benchmark for t in load_benchmark_texts(cfg.resolve(path))]
     excluded = [*dc.exclude_task_ids, *(cfg.mixture.exclude_task_ids if cfg.mixture else [])]
     return Decontaminator(texts, n=dc.n, threshold=dc.threshold, exclude_ids=excluded)
+
+
+def decontam_summary(cfg: RecipeConfig, manifest: Manifest) -> dict[str, Any] | None:
+    """The manifest's ``decontamination`` section (``None`` without the recipe section)."""
+    decontam = build_decontaminator(cfg)
+    if decontam is None:
+        return None
+    rejected = manifest.reasons.get(DECONTAM_STAGE)
+    return {
+        "benchmark_texts": len(decontam),
+        "n": decontam.n,
+        "threshold": decontam.threshold,
+        "excluded_ids": len(decontam.exclude_ids),
+        "rejected": int(rejected["contaminated"]) if rejected else 0,
+    }
 
 
 def index_path(out_dir: Path) -> Path:

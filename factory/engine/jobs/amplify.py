@@ -28,7 +28,7 @@ from factory.core.selection import select
 from factory.engine.collect import Collector
 from factory.engine.console import top_reasons
 from factory.engine.prompts import PromptTemplate, estimate_tokens
-from factory.engine.quality import build_decontaminator, build_neardup_index
+from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.engine.stages.amplify import amplify_template
 from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
@@ -176,6 +176,7 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
         grounding_world(cfg.amplify.grounding, cfg.domain.name)
     if cfg.mixture is not None:
         Mixture.load(cfg.resolve(cfg.mixture.path))
+    build_decontaminator(cfg)  # a missing or empty benchmark file
     models = {cfg.llm.model}
     if cfg.prefilter.enabled:
         PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
@@ -342,7 +343,6 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         # Loads the earlier runs' indexes now: a bad one stops the run before any call.
         neardup=build_neardup_index(cfg),
     )
-    decontam = build_decontaminator(cfg)  # a missing benchmark file fails here, not in an actor
     if cfg.mixture:
         collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
     phase_start = time.time()
@@ -464,17 +464,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         budget=None if budget is None else ray.get(budget.snapshot.remote()),
         timings=timings,
         model=cfg.llm.model,
-        decontamination=None
-        if decontam is None
-        else {
-            "benchmark_texts": len(decontam),
-            "n": decontam.n,
-            "threshold": decontam.threshold,
-            "excluded_ids": len(decontam.exclude_ids),
-            "rejected": manifest.reasons["decontam"]["contaminated"]
-            if "decontam" in manifest.reasons
-            else 0,
-        },
+        decontamination=decontam_summary(cfg, manifest),
     )
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(
