@@ -122,3 +122,11 @@ def test_collector_rejects_near_duplicates_deterministically_and_across_runs(
     kinds, manifest = _collect(tmp_path / "three", new, later)
     assert kinds == ["rejected"] * 4 + ["accepted"]
     assert manifest["near_duplicates"]["loaded_from_earlier_runs"] == 5
+
+
+def test_devserver_repeat_is_a_share_within_bounds() -> None:
+    from factory.devserver import DevServerConfig
+
+    assert DevServerConfig(repeat=0.3).repeat == 0.3
+    with pytest.raises(ConfigError, match="within"):
+        DevServerConfig(repeat=1.5)

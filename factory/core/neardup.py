@@ -158,7 +158,6 @@ class NearDupIndex:
             threshold=params.threshold, num_perm=params.num_perm, num_bands=params.num_bands
         )
         self._ids: list[str] = []
-        self._states: list[bytes] = []
         self._sigs: list[Any] = []
         self.loaded = 0  # entries that came from earlier runs' index files
 
@@ -179,7 +178,6 @@ class NearDupIndex:
         sig = _from_bytes(state, self.params)
         self._lsh.insert(len(self._ids), sig)
         self._ids.append(row_id)
-        self._states.append(state)
         self._sigs.append(sig)
 
     def check(self, row_id: str, state: bytes) -> Issue | None:
@@ -211,8 +209,8 @@ class NearDupIndex:
             f.write(
                 struct.pack("<16sIIIQ", p.view.encode(), p.ngram, p.num_perm, p.seed, len(self))
             )
-            for row_id, state in zip(self._ids, self._states, strict=True):
-                rid = row_id.encode()
+            for row_id, sig in zip(self._ids, self._sigs, strict=True):
+                rid, state = row_id.encode(), bytes(sig.__getstate__())
                 f.write(struct.pack("<HI", len(rid), len(state)))
                 f.write(rid)
                 f.write(state)
