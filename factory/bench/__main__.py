@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--defect-rate", type=float, default=0.0)
     pp.add_argument("--baseline", help="a checkout of older code to time on the same rows")
     args = p.parse_args(argv)
+    if args.what == "neardup":  # synthetic rows: no recipe, no Ray
+        from factory.bench.neardup import bench_neardup
+
+        print(json.dumps(bench_neardup(args), indent=2))
+        return 0
     try:
         args.recipe = resolve_recipe_path(args.recipe) if args.recipe else default_recipe()
     except ConfigError as exc:
@@ -78,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     report: dict[str, Any]
-    if args.what == "neardup":
-        from factory.bench.neardup import bench_neardup
-
-        report = bench_neardup(args)
-    elif args.what == "postprocess":
+    if args.what == "postprocess":
         report = bench_postprocess(args)
     elif args.what == "storm":
         report = bench_storm(args)

@@ -27,18 +27,21 @@ __all__ = ["bench_neardup", "make_rows"]
 def make_rows(n: int, planted: float, seed: int = 0) -> tuple[list[list[str]], set[int]]:
     """``n`` rows of user-view shingles; the indexes of the planted near-copies."""
     rng = random.Random(seed)
-    vocab = [f"w{i}" for i in range(20000)]
-    weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf-like, as words are
+    letters = "abcdefghijklmnopqrstuvwxyz"  # no digits: the view folds them to 0
+    vocab = ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(20000)]
+    weights = [1.0 / (i + 1) ** 0.8 for i in range(len(vocab))]  # Zipf-like, as words are
     texts: list[list[str]] = []
     copies: set[int] = set()
+    originals: list[list[str]] = []
     for i in range(n):
-        if texts and rng.random() < planted:
-            words = list(rng.choice(texts))
+        if originals and rng.random() < planted:  # a copy of a distinct row, never of a copy
+            words = list(rng.choice(originals))
             for k in rng.sample(range(len(words)), len(words) // 10):  # names changed
-                words[k] = f"name{rng.randrange(10**6)}"
+                words[k] = "".join(rng.choices(letters, k=7))
             copies.add(i)
         else:
             words = rng.choices(vocab, weights, k=rng.randint(30, 90))
+            originals.append(words)
         texts.append(words)
     rows = [view_shingles(Trajectory(turns=[Turn("user", " ".join(w))]), "user", 2) for w in texts]
     return rows, copies
