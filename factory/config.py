@@ -400,6 +400,50 @@ class PartConfig(_Strict):
     )
 
 
+class NearDupConfig(_Strict):
+    """Near-duplicate removal (``factory.core.neardup``); off unless the recipe has it."""
+
+    view: Literal["user", "tools", "both"] = Field(
+        "user",
+        description="What is compared: the user turns, the tool names with their argument "
+        "values in order, or both.",
+    )
+    threshold: float = Field(
+        0.35,
+        gt=0,
+        le=1,
+        description="Estimated Jaccard similarity of the view's word n-grams at which a row "
+        "is a near-duplicate of an earlier one (renamed copies of a trajectory measure >= "
+        "0.45 over user 2-grams, distinct airline seeds <= 0.18).",
+    )
+    ngram: int = Field(2, ge=1, le=16, description="Words per shingle.")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations.")
+    seed: int = Field(0, description="MinHash seed (an index only compares with the same).")
+    index: list[str] = Field(
+        default_factory=list,
+        description="neardup.index files of earlier runs: their rows count as already kept, "
+        "so this run does not re-add them.",
+    )
+
+
+class DecontamConfig(_Strict):
+    """Benchmark decontamination (``factory.core.decontam``)."""
+
+    benchmark: list[str] = Field(
+        default_factory=list,
+        description="Files of benchmark texts (.txt lines, .json/.jsonl strings or objects "
+        "with an 'instruction'), e.g. tau-bench's test task instructions.",
+    )
+    n: int = Field(8, ge=1, le=50, description="Words per n-gram.")
+    threshold: float = Field(
+        0.5, gt=0, le=1, description="Share of one benchmark text's n-grams that contaminates."
+    )
+    exclude_task_ids: list[str | int] = Field(
+        default_factory=list,
+        description="Task or seed ids that contaminate whatever the text (mixture's too).",
+    )
+
+
 class CacheConfig(_Strict):
     enabled: bool = Field(True, description="Reuse completed LLM responses (never pay twice).")
     path: str | None = Field(
@@ -433,6 +477,8 @@ class RecipeConfig(_Strict):
     output: OutputConfig
     ray: RayConfig = Field(default_factory=RayConfig)  # type: ignore[arg-type]
     cache: CacheConfig = Field(default_factory=CacheConfig)  # type: ignore[arg-type]
+    near_duplicates: NearDupConfig | None = None
+    decontamination: DecontamConfig | None = None
     prices: dict[str, PriceConfig] = Field(
         default_factory=dict, description="USD prices per model id, used for cost and planning."
     )

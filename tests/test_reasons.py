@@ -146,6 +146,31 @@ def duplicate() -> str:
     return next(iter(c.manifest.reasons["dedup"]))
 
 
+def near_duplicate() -> str:
+    from factory.core.neardup import NearDupIndex, NearDupParams, signature_bytes
+    from factory.core.trajectory import Trajectory, Turn
+    from factory.engine.collect import Collector
+
+    params = NearDupParams()
+    sig = signature_bytes(Trajectory(turns=[Turn("user", "change my flight to boston")]), params)
+    tmp = Path(__import__("tempfile").mkdtemp())
+    c = Collector(tmp, Manifest("r", "h"), dataset_name="d", neardup=NearDupIndex(params))
+    for rid in ("x", "y"):
+        out = {"conversations": [], "system": "", "tools": "", "id": rid, "meta": "{}"}
+        c.add(make_row(id=rid, output=json.dumps(out), minhash=sig))
+    return next(iter(c.manifest.reasons["neardup"]))
+
+
+def contaminated() -> str:
+    from factory.core.decontam import Decontaminator
+    from factory.core.trajectory import Trajectory, Turn
+
+    d = Decontaminator([("t", "you want a refund for the whole trip now")], n=3)
+    issue = d.check(Trajectory(turns=[Turn("user", "You want a refund for the whole trip now")]))
+    assert issue is not None
+    return issue.code
+
+
 def deep(n: int) -> Any:
     value: Any = "x"
     for _ in range(n):
@@ -213,6 +238,8 @@ CASES: dict[str, Any] = {
     "bad_function_call": lambda: structure([("human", "x"), ("function_call", "not json")]),
     "stray_think_tag": lambda: structure([("human", "x"), ("gpt", "ok </think> done")]),
     "duplicate": duplicate,
+    "near_duplicate": near_duplicate,
+    "contaminated": contaminated,
     "reward_below_min": lambda: via_seed_check({**SEED, "reward": 0.0}, min_reward=1.0),
     "prefilter_rejected": lambda: via_prefilter('{"keep": false, "reasons": ["incomplete"]}'),
     "unparsable_completion": lambda: via_postprocess("I cannot help with that."),

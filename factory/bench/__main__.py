@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--quiet", action="store_true")
     st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
     pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
+    nd = sub.add_parser("neardup", help="near-duplicate signing and index: rows/s, peak RSS")
+    nd.add_argument("--rows", type=int, default=90000, help="rows for rensa (the one used)")
+    nd.add_argument("--datasketch-rows", type=int, default=9000, help="0: skip datasketch")
+    nd.add_argument("--planted", type=float, default=0.1, help="share of planted near-copies")
     for command in (a, st, pp):
         command.add_argument(
             "--recipe",
@@ -72,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--defect-rate", type=float, default=0.0)
     pp.add_argument("--baseline", help="a checkout of older code to time on the same rows")
     args = p.parse_args(argv)
+    if args.what == "neardup":  # synthetic rows: no recipe, no Ray
+        from factory.bench.neardup import bench_neardup
+
+        print(json.dumps(bench_neardup(args), indent=2))
+        return 0
     try:
         args.recipe = resolve_recipe_path(args.recipe) if args.recipe else default_recipe()
     except ConfigError as exc:

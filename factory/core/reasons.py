@@ -61,6 +61,8 @@ REASONS: dict[str, str] = {
     "stray_think_tag": "a <think> tag is left in assistant text once its reasoning span is cut",
     # --- dedup ---
     "duplicate": "exact duplicate of an earlier trajectory (same content hash)",
+    "near_duplicate": "MinHash near-duplicate of a kept trajectory (this run's or an index's)",
+    "contaminated": "holds a benchmark text's n-grams, or an excluded task id",
     # --- LLM stages (pre-filter, amplification) ---
     "reward_below_min": "the seed's recorded reward is below the recipe's minimum",
     "prefilter_rejected": "the LLM judge decided not to keep the seed",

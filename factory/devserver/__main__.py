@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RATE",
         help="share of amplification answers with one observation that contradicts the world",
     )
+    p.add_argument(
+        "--repeat",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of amplification answers that are renamed copies of an earlier "
+        "request's reference (planted near-duplicates)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-log", metavar="PATH", help="append one JSON line per request")
     p.add_argument(
@@ -112,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         fail_after=args.fail_after,
         sim_drop_change=args.sim_drop_change,
         wrong_observation=args.wrong_observation,
+        repeat=args.repeat,
     )
 
 

@@ -85,6 +85,7 @@ class DevServerConfig:
     fail_after: int | None = None
     sim_drop_change: float = 0.0
     wrong_observation: float = 0.0
+    repeat: float = 0.0
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -108,7 +109,7 @@ class DevServerConfig:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
-        for key in ("sim_drop_change", "wrong_observation"):
+        for key in ("sim_drop_change", "wrong_observation", "repeat"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError("must be within [0, 1]", key_path=f"devserver.{key}")
         if self.fail_after is not None and self.fail_after < 0:
@@ -193,6 +194,8 @@ class _State:
         self.runner: web.AppRunner | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.defect_table: list[tuple[float, str]] = []
+        # References answered as themselves, in arrival order (``repeat``), at most 4096.
+        self.answered: list[simulate.Reference] = []
         total = 0.0
         for name in DEFECTS:
             if config.defects.get(name):
@@ -220,6 +223,7 @@ class _State:
             "sim_dropped_changes": self.counts["sim_dropped_changes"],
             "grounded_answers": self.counts["grounded_answers"],
             "wrong_observations": self.counts["wrong_observations"],
+            "repeated_answers": self.counts["repeated_answers"],
             "alive": not self.dead,
             "uptime_s": round(time.time() - self.started, 3),
         }
@@ -419,13 +423,32 @@ def _amplification(
         if trajectory is not None:
             events.append("grounded_answers")
     if trajectory is None:
-        trajectory = simulate.amplify(ref, crng)
+        trajectory = simulate.amplify(_repeat_source(ref, state, digest, events), crng)
     rate = state.config.wrong_observation
     if rate:
         wrng = random.Random(_seed_int(state.config.seed, digest, "wrong_observation"))
         if wrng.random() < rate and grounded.corrupt_observation(trajectory, wrng):
             events.append("wrong_observations")
     return trajectory
+
+
+def _repeat_source(
+    ref: simulate.Reference, state: _State, digest: bytes, events: list[str]
+) -> simulate.Reference:
+    """The reference to answer from: with ``repeat``, a share of answers are renamed
+    copies of an *earlier* request's reference (a model repeating itself across
+    prompts: planted near-duplicates, issue 13); the others answer their own."""
+    rate = state.config.repeat
+    if not rate:
+        return ref
+    rng = random.Random(_seed_int(state.config.seed, digest, "repeat"))
+    earlier = [r for r in state.answered if r is not ref]
+    if earlier and rng.random() < rate:
+        events.append("repeated_answers")
+        return rng.choice(earlier)
+    if not any(r is ref for r in state.answered) and len(state.answered) < 4096:
+        state.answered.append(ref)
+    return ref
 
 
 def _complete(

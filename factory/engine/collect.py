@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from factory.core.dedup import DEDUP_STAGE, Deduper
+from factory.core.diversity import DiversityStats
+from factory.core.mixture import Mixture
+from factory.core.neardup import NEARDUP_STAGE, NearDupIndex
+from factory.engine.quality import index_path
 from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED, reject
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
@@ -50,6 +54,7 @@ class Collector:
         per_seed_cap: int | None = None,
         data_subdir: str = "data",
         keep_labels: bool = False,
+        neardup: NearDupIndex | None = None,
     ):
         self.out_dir = Path(out_dir)
         self.manifest = manifest
@@ -62,6 +67,14 @@ class Collector:
         self.per_seed_cap = per_seed_cap
         # The run's exact-duplicate filter (``factory.core.dedup``): the collector owns it.
         self.dedup = Deduper("same content as an earlier row ({first})")
+        # The run's near-duplicate index (signatures only; ``factory.core.neardup``).
+        self.neardup = neardup
+        self.near_rejected = 0
+        # Diversity and yield of the accepted rows (manifest ``diversity``); the job sets
+        # ``seeds`` (every seed it amplified) and ``mixture`` when it has them.
+        self.diversity = DiversityStats()
+        self.seeds: list[str] | None = None
+        self.mixture: Mixture | None = None
         self.per_seed: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
         self.decided: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> status counts
@@ -126,6 +139,12 @@ class Collector:
             if duplicate is not None:
                 row = reject(dict(row), DEDUP_STAGE, duplicate.code, duplicate.message)
                 status = REJECTED
+        if status == OK and self.neardup is not None and row.get("minhash"):
+            near = self.neardup.check(row.get("id") or "", row["minhash"])
+            if near is not None:
+                row = reject(dict(row), NEARDUP_STAGE, near.code, near.message)
+                status = REJECTED
+                self.near_rejected += 1
         if status == OK:
             key = row.get("id") or ""
             out = json.loads(row["output"])
@@ -138,15 +157,19 @@ class Collector:
                 self.data.add(out)
                 self.per_seed[seed] += 1
                 kind = ACCEPTED
-                if self.keep_labels and row.get("labels"):
-                    self.accepted_labels.append({"id": key, "labels": json.loads(row["labels"])})
+                labels = json.loads(row["labels"]) if row.get("labels") else None
+                if self.keep_labels and labels:
+                    self.accepted_labels.append({"id": key, "labels": labels})
+                self.diversity.add(out, seed_id=seed or None, labels=labels)
             self.decided[row.get("stage") or "?"][kind] += 1
         else:
             kind = FAILED if status == FAILED else REJECTED
             self.manifest.reason(row.get("stage") or "?", row.get("reason") or "unknown")
             self.decided[row.get("stage") or "?"][kind] += 1
             slim = {
-                k: v for k, v in row.items() if v is not None and k not in ("output", "unstored")
+                k: v
+                for k, v in row.items()
+                if v is not None and k not in ("output", "unstored", "minhash")
             }
             (self.failed if kind == FAILED else self.rejects).add(slim)
         self.counts[kind] += 1
@@ -208,6 +231,21 @@ class Collector:
             timeline={"columns": list(TIMELINE_COLUMNS), "points": self.timeline},
             **extra,
         )
+        self.manifest.extra["diversity"] = self.diversity.summary(self.seeds, self.mixture)
+        if self.neardup is not None:
+            self.neardup.save(index_path(self.out_dir))
+            p = self.neardup.params
+            self.manifest.extra["near_duplicates"] = {
+                "view": p.view,
+                "ngram": p.ngram,
+                "threshold": p.threshold,
+                "num_perm": p.num_perm,
+                "num_bands": p.num_bands,
+                "rejected": self.near_rejected,
+                "index_rows": len(self.neardup),
+                "loaded_from_earlier_runs": self.neardup.loaded,
+                "index_file": index_path(self.out_dir).name,
+            }
         if self.unstored:
             self.manifest.extra["unstored"] = {
                 "responses": len(self.unstored),

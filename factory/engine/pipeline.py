@@ -101,7 +101,11 @@ def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
 
 
 def build_export(cfg: RecipeConfig) -> ExportStage:
-    return ExportStage(cfg.output.reasoning)
+    from factory.engine.quality import build_decontaminator, neardup_params
+
+    return ExportStage(
+        cfg.output.reasoning, decontam=build_decontaminator(cfg), neardup=neardup_params(cfg)
+    )
 
 
 def _file_to_rows(batch: pa.Table) -> pa.Table:

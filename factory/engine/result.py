@@ -27,7 +27,9 @@ STAGE_ORDER = (
     "amplify",
     "postprocess",
     "export",
+    "decontam",
     "dedup",
+    "neardup",
 )
 CAPS = ("max_calls", "max_cost_usd", "max_tokens")
 

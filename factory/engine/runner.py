@@ -15,6 +15,7 @@ from pathlib import Path
 from factory.config import RecipeConfig
 from factory.engine.collect import Collector
 from factory.engine.console import console, quiet_ray, run_clock, start_run_clock
+from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.errors import OutputWriteError
 from factory.io.writer import atomic_write_text
@@ -30,14 +31,19 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     init_ray(cfg.ray.address)
     manifest = new_manifest(cfg)
     collector = Collector(
-        out_dir, manifest, dataset_name=cfg.output.dataset_name, shard_rows=cfg.output.shard_rows
+        out_dir,
+        manifest,
+        dataset_name=cfg.output.dataset_name,
+        shard_rows=cfg.output.shard_rows,
+        neardup=build_neardup_index(cfg),
     )
+    build_decontaminator(cfg)  # a missing benchmark file fails here, not in a worker
     with _progress(progress, None, "seeds") as bar:
         for row in iter_rows(curate_dataset(cfg)):
             collector.add(row)
             bar.update(1)
             bar.set_postfix(accepted=collector.accepted, refresh=False)
-    totals = collector.close(pipeline="curate")
+    totals = collector.close(pipeline="curate", decontamination=decontam_summary(cfg, manifest))
     manifest_dict = manifest.to_dict(**totals)
     return RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
 

@@ -28,6 +28,7 @@ from factory.core.selection import select
 from factory.engine.collect import Collector
 from factory.engine.console import top_reasons
 from factory.engine.prompts import PromptTemplate, estimate_tokens
+from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
 from factory.engine.result import RunResult, _progress, new_manifest
 from factory.engine.stages.amplify import amplify_template
 from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
@@ -175,6 +176,7 @@ def preflight(cfg: RecipeConfig) -> PromptTemplate:
         grounding_world(cfg.amplify.grounding, cfg.domain.name)
     if cfg.mixture is not None:
         Mixture.load(cfg.resolve(cfg.mixture.path))
+    build_decontaminator(cfg)  # a missing or empty benchmark file
     models = {cfg.llm.model}
     if cfg.prefilter.enabled:
         PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
@@ -338,9 +340,14 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         # share instead, so a low-yield seed cannot stall the run.
         data_subdir="candidates" if cfg.mixture else "data",
         keep_labels=cfg.mixture is not None,
+        # Loads the earlier runs' indexes now: a bad one stops the run before any call.
+        neardup=build_neardup_index(cfg),
     )
+    if cfg.mixture:
+        collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
     phase_start = time.time()
     kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest, collector)
+    collector.seeds = list(kept)
     timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
     seeds_unissued = manifest.extra["seeds"]["unissued"]
     order = seed_order(list(kept), cfg.amplify.seed)
@@ -457,6 +464,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         budget=None if budget is None else ray.get(budget.snapshot.remote()),
         timings=timings,
         model=cfg.llm.model,
+        decontamination=decontam_summary(cfg, manifest),
     )
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(

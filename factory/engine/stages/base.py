@@ -72,6 +72,8 @@ ROW_SCHEMA = pa.schema(
         # {"request_id", "record", "error"} JSON of a paid response the cache could not store:
         # the driver keeps it (OUT/unstored/) and stops the run (factory.io.runstate).
         ("unstored", pa.string()),
+        # The accepted row's MinHash signature (factory.core.neardup), checked on the driver.
+        ("minhash", pa.binary()),
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from factory.core.decontam import DECONTAM_STAGE, Decontaminator
 from factory.core.export import Rendered, export_tools, render
+from factory.core.neardup import NearDupParams, signature_bytes
 from factory.core.trajectory import IdentityMemo, Trajectory
-from factory.engine.stages.base import Stage
+from factory.engine.stages.base import Stage, reject
 
 __all__ = ["META_KEYS", "ExportStage", "row_json", "sharegpt_row"]
 
@@ -85,11 +87,25 @@ class ExportStage(Stage):
     name = "export"
     requires = ("record",)
 
-    def __init__(self, reasoning: str = "keep"):
+    def __init__(
+        self,
+        reasoning: str = "keep",
+        *,
+        decontam: Decontaminator | None = None,
+        neardup: NearDupParams | None = None,
+    ):
         self.reasoning = reasoning
+        self.decontam = decontam
+        self.neardup = neardup
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         traj = Trajectory.from_json(row["record"])
+        if self.decontam is not None:
+            issue = self.decontam.check(traj)
+            if issue is not None:
+                return reject(row, DECONTAM_STAGE, issue.code, issue.message)
+        if self.neardup is not None:  # the driver's index compares signatures, never rows
+            row["minhash"] = signature_bytes(traj, self.neardup)
         row["output"] = row_json(sharegpt_row(traj, self.reasoning))
         row["id"] = traj.id
         row["record"] = None  # the driver needs the training row only

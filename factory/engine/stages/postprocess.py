@@ -19,9 +19,12 @@ import json
 from typing import Any
 
 from factory.config import RecipeConfig
+from factory.core.decontam import DECONTAM_STAGE
 from factory.core.formats.completion import parse_output
 from factory.core.labels import trajectory_labels
+from factory.core.neardup import signature_bytes
 from factory.core.validate import validate_rendered
+from factory.engine.quality import build_decontaminator, neardup_params
 from factory.engine.stages.amplify import grounding_world
 from factory.engine.stages.base import Stage, reject
 from factory.engine.stages.export import row_json, sharegpt_row
@@ -74,6 +77,8 @@ class PostprocessStage(Stage):
         self.system, self.tools_in_column = deployment_system_prompt(
             self.domain, cfg.amplify.system_prompt_format
         )
+        self.decontam = build_decontaminator(cfg)
+        self.neardup = neardup_params(cfg)
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -112,6 +117,12 @@ class PostprocessStage(Stage):
         )
         traj.metadata["labels"] = labels
         row["labels"] = json.dumps(labels)
+        if self.decontam is not None:
+            issue = self.decontam.check(traj, row.get("seed_id"))
+            if issue is not None:
+                return reject(row, DECONTAM_STAGE, issue.code, issue.message, raw=row["completion"])
+        if self.neardup is not None:  # the driver's index compares signatures, never rows
+            row["minhash"] = signature_bytes(traj, self.neardup)
         traj.metadata["id"] = traj.content_id()
         out = sharegpt_row(traj, self.reasoning, rendered)  # rendered once, by validation
         if not self.tools_in_column:

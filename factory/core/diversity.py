@@ -1,0 +1,229 @@
+"""Diversity and yield of the accepted rows, computed as they stream past.
+
+The counts in a manifest say how many rows a run made, not whether they are
+worth training on: 90k rows that call the same three tools in the same order,
+or that come from 40 of 1.5k seeds, are a small dataset (issue 13). The
+``Collector`` feeds every accepted training row to a ``DiversityStats``; its
+``summary`` is the manifest's ``diversity`` section.
+
+Memory is bounded whatever the run's size: distinct counts are K-minimum-values
+sketches (exact up to ``KMV_K`` distinct items, an estimate with ~1.6% relative
+error beyond), length distributions are exact histograms of small integers
+(tokens in bins of ``TOKEN_BIN``), and per-seed counts are one integer per seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from statistics import median
+from typing import Any
+
+from factory.core.mixture import Mixture
+
+__all__ = ["DistinctCounter", "DiversityStats", "histogram_summary"]
+
+KMV_K = 4096
+TOKEN_BIN = 64  # tokens per bin of the token-length histogram
+USER_NGRAMS = (1, 2, 3)  # distinct-n of the user turns
+ZERO_SEEDS_LISTED = 50  # seeds that produced nothing, named in the manifest (all are counted)
+_WORD = re.compile(r"\w+", re.UNICODE)
+_CALL_TAG, _USER_TAG = "function_call", "human"
+
+
+def _h64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+class DistinctCounter:
+    """Distinct items seen: exact below ``k`` distinct, a KMV estimate above.
+
+    Keeps the ``k`` smallest 64-bit hashes (a max-heap), so memory is fixed.
+    """
+
+    def __init__(self, k: int = KMV_K) -> None:
+        self.k = k
+        self._heap: list[int] = []  # negated hashes: the largest kept one is on top
+        self._kept: set[int] = set()
+        self.full = False
+
+    def add(self, item: str) -> None:
+        h = _h64(item)
+        if h in self._kept:
+            return
+        if len(self._heap) < self.k:
+            heapq.heappush(self._heap, -h)
+            self._kept.add(h)
+        elif h < -self._heap[0]:
+            self.full = True
+            self._kept.discard(-heapq.heapreplace(self._heap, -h))
+            self._kept.add(h)
+        else:
+            self.full = True
+
+    def count(self) -> int:
+        if not self.full:
+            return len(self._heap)
+        return round((self.k - 1) * 2**64 / -self._heap[0])
+
+
+def histogram_summary(hist: Counter[int], bin_width: int = 1) -> dict[str, Any]:
+    """min / median / p90 / max / mean and the histogram (``{bin start: rows}``)."""
+    n = sum(hist.values())
+    if not n:
+        return {"rows": 0}
+    values = sorted(hist)
+
+    def quantile(q: float) -> int:
+        rank, seen = q * (n - 1), 0
+        for v in values:
+            seen += hist[v]
+            if seen > rank:
+                return v * bin_width
+        return values[-1] * bin_width
+
+    return {
+        "rows": n,
+        "min": values[0] * bin_width,
+        "median": quantile(0.5),
+        "p90": quantile(0.9),
+        "max": values[-1] * bin_width,
+        "mean": round(sum(v * c for v, c in hist.items()) * bin_width / n, 2),
+        "histogram": {str(v * bin_width): hist[v] for v in values},
+    }
+
+
+class DiversityStats:
+    """Streaming statistics over accepted ShareGPT rows (``{"conversations": [...]}``)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.sequences = DistinctCounter()
+        self.tool_use: Counter[str] = Counter()  # calls per tool
+        self.tools_per_row: Counter[int] = Counter()  # distinct tools in a row
+        self.calls_per_row: Counter[int] = Counter()
+        self.turns: Counter[int] = Counter()
+        self.tokens: Counter[int] = Counter()  # in bins of TOKEN_BIN
+        self.user_ngrams = {n: DistinctCounter() for n in USER_NGRAMS}
+        self.user_ngram_total: Counter[int] = Counter()
+        self.per_seed: Counter[str] = Counter()
+        self.labels: dict[str, Counter[str]] = {}
+
+    def add(
+        self,
+        row: Mapping[str, Any],
+        *,
+        seed_id: str | None = None,
+        labels: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Count one accepted row (its training columns, as written to ``data/``)."""
+        conversations = row.get("conversations") or []
+        self.rows += 1
+        names: list[str] = []
+        chars = len(row.get("system") or "")
+        for message in conversations:
+            value = str(message.get("value") or "")
+            chars += len(value)
+            tag = message.get("from")
+            if tag == _CALL_TAG:
+                names.extend(_call_names(value))
+            elif tag == _USER_TAG:
+                words = _WORD.findall(value.lower())
+                for n in USER_NGRAMS:
+                    for i in range(len(words) - n + 1):
+                        self.user_ngrams[n].add(" ".join(words[i : i + n]))
+                        self.user_ngram_total[n] += 1
+        self.sequences.add("\x1f".join(names))
+        self.tool_use.update(names)
+        self.tools_per_row[len(set(names))] += 1
+        self.calls_per_row[len(names)] += 1
+        self.turns[len(conversations)] += 1
+        self.tokens[-(-chars // 4) // TOKEN_BIN] += 1  # 4 characters a token, as plans count
+        if seed_id:
+            self.per_seed[seed_id] += 1
+        for key, value in (labels or {}).items():
+            if isinstance(value, (str, int, bool)) or value is None:
+                self.labels.setdefault(key, Counter())[str(value)] += 1
+
+    def summary(
+        self, seeds: Iterable[str] | None = None, mixture: Mixture | None = None
+    ) -> dict[str, Any]:
+        """The manifest's ``diversity`` section.
+
+        Args:
+            seeds: every seed the run amplified (for the seeds that produced nothing).
+            mixture: the recipe's mixture, for the label distribution against its quotas.
+        """
+        out: dict[str, Any] = {
+            "rows": self.rows,
+            "distinct_tool_sequences": self.sequences.count(),
+            "distinct_tool_sequences_share": round(self.sequences.count() / self.rows, 4)
+            if self.rows
+            else None,
+            "tool_calls": dict(sorted(self.tool_use.items())),
+            "tools_per_row": histogram_summary(self.tools_per_row),
+            "calls_per_row": histogram_summary(self.calls_per_row),
+            "turns": histogram_summary(self.turns),
+            "tokens": histogram_summary(self.tokens, TOKEN_BIN),
+            "user_distinct_ngrams": {
+                str(n): {
+                    "distinct": self.user_ngrams[n].count(),
+                    "total": self.user_ngram_total[n],
+                    "ratio": round(self.user_ngrams[n].count() / self.user_ngram_total[n], 4)
+                    if self.user_ngram_total[n]
+                    else None,
+                }
+                for n in USER_NGRAMS
+            },
+            "labels": {k: dict(sorted(c.items())) for k, c in sorted(self.labels.items())},
+        }
+        if seeds is not None:
+            out["per_seed"] = self._per_seed(list(seeds))
+        if mixture is not None:
+            out["quotas"] = self._quotas(mixture)
+        return out
+
+    def _per_seed(self, seeds: list[str]) -> dict[str, Any]:
+        counts = [self.per_seed.get(s, 0) for s in seeds]
+        zero = sorted(s for s in seeds if not self.per_seed.get(s))
+        return {
+            "seeds": len(seeds),
+            "min": min(counts) if counts else None,
+            "median": median(counts) if counts else None,
+            "max": max(counts) if counts else None,
+            "seeds_with_nothing": len(zero),
+            "seeds_with_nothing_ids": zero[:ZERO_SEEDS_LISTED],
+        }
+
+    def _quotas(self, mixture: Mixture) -> dict[str, Any]:
+        """Per quota: rows it wants and accepted rows whose labels could fill it.
+
+        Matching needs the joint labels, so it is counted from the label histograms
+        only for the quota's own selectors: a quota on ``group`` and ``outcome`` counts
+        rows of that group (upper bound) -- the exact selection is ``mixture`` in the
+        manifest.
+        """
+        out: dict[str, Any] = {}
+        for quota in mixture.quotas:
+            available = None
+            for key, wanted in (("group", quota.groups), ("outcome", quota.outcomes)):
+                if wanted is None:
+                    continue
+                n = sum(self.labels.get(key, Counter()).get(w, 0) for w in wanted)
+                available = n if available is None else min(available, n)
+            out[quota.name] = {"wanted": quota.count, "matching_labels": available}
+        return out
+
+
+def _call_names(value: str) -> list[str]:
+    """Tool names of a ``function_call`` value (one call or a list of calls)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return []
+    calls = data if isinstance(data, list) else [data]
+    return [str(c.get("name")) for c in calls if isinstance(c, dict) and c.get("name")]

@@ -1,0 +1,73 @@
+"""Diversity and yield in the manifest (issue 13), streamed with bounded memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from factory.core.diversity import DistinctCounter, DiversityStats
+from factory.core.mixture import Mixture
+from factory.engine.collect import Collector
+from factory.engine.stages.base import make_row
+from factory.io.writer import Manifest
+
+
+def _conv(user: str, tools: list[str]) -> dict:
+    conv = [{"from": "human", "value": user}]
+    for t in tools:
+        conv.append({"from": "function_call", "value": json.dumps({"name": t, "arguments": {}})})
+        conv.append({"from": "observation", "value": "{}"})
+    conv.append({"from": "gpt", "value": "done"})
+    return {"conversations": conv, "system": "", "tools": "", "id": user, "meta": "{}"}
+
+
+def test_distinct_counter_is_exact_when_small_and_bounded_when_large() -> None:
+    small = DistinctCounter(k=64)
+    for i in range(50):
+        small.add(str(i % 40))
+    assert small.count() == 40
+    big = DistinctCounter(k=1024)
+    for i in range(200_000):
+        big.add(str(i))
+    assert len(big._heap) == 1024 and abs(big.count() - 200_000) / 200_000 < 0.1
+
+
+def test_summary_counts_sequences_lengths_seeds_and_quotas() -> None:
+    d = DiversityStats()
+    d.add(
+        _conv("book a flight to paris", ["a", "b"]), seed_id="s1", labels={"outcome": "completed"}
+    )
+    d.add(_conv("book a flight to rome", ["a", "b"]), seed_id="s1", labels={"outcome": "refused"})
+    d.add(_conv("cancel my trip", ["c"]), seed_id="s2", labels={"outcome": "completed"})
+    mixture = Mixture.from_dict(
+        {"name": "m", "quotas": [{"name": "ok", "count": 5, "outcome": ["completed"]}]}
+    )
+    s = d.summary(["s1", "s2", "s3"], mixture)
+    assert s["rows"] == 3 and s["distinct_tool_sequences"] == 2
+    assert s["tool_calls"] == {"a": 2, "b": 2, "c": 1}
+    assert s["tools_per_row"]["histogram"] == {"1": 1, "2": 2}
+    assert s["turns"]["min"] == 4 and s["turns"]["max"] == 6
+    assert s["per_seed"] == {
+        "seeds": 3,
+        "min": 0,
+        "median": 1,
+        "max": 2,
+        "seeds_with_nothing": 1,
+        "seeds_with_nothing_ids": ["s3"],
+    }
+    assert s["labels"]["outcome"] == {"completed": 2, "refused": 1}
+    assert s["quotas"] == {"ok": {"wanted": 5, "matching_labels": 2}}
+    uni = s["user_distinct_ngrams"]["1"]
+    assert uni["total"] == 5 + 5 + 3 and uni["distinct"] == 9
+
+
+def test_collector_writes_the_diversity_section(tmp_path: Path) -> None:
+    c = Collector(tmp_path, Manifest("r", "h"), dataset_name="d")
+    c.seeds = ["s1", "s2"]
+    for i, tools in enumerate((["a"], ["a"], ["b", "c"])):
+        out = _conv(f"question {i}", tools)
+        c.add(make_row(id=f"r{i}", status="ok", output=json.dumps(out), seed_id="s1"))
+    c.close()
+    div = json.loads((tmp_path / "manifest.json").read_text())["diversity"]
+    assert div["rows"] == 3 and div["distinct_tool_sequences"] == 2
+    assert div["per_seed"]["seeds_with_nothing_ids"] == ["s2"] and div["per_seed"]["max"] == 3
