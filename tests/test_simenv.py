@@ -271,3 +271,45 @@ def test_devserver_roles_are_recognised_and_deterministic() -> None:
     )
     assert roles.parse_judgement(dev_roles.answer("rl_judge", judge, random.Random(0)))[0] == 1.0
     assert dev_roles.kind_of([{"role": "user", "content": "hello"}]) is None
+
+
+def test_rollouts_are_sharegpt_rows_llamafactory_reads(runtime_for, tmp_path: Path) -> None:
+    import datasets
+
+    from factory.simenv.rollout import RolloutWriter
+
+    from . import lfcompat
+    from .test_llamafactory_compat import check_rows, converted
+
+    rt = runtime_for("executor")
+    task = _write_task(rt)
+    bad = {"name": task.actions[0]["name"], "arguments": {"user_id": 7}}
+    env, _, result = asyncio.run(_play(rt, task, [bad, *_gt(task)]))
+    out = tmp_path / "rollouts"
+    writer = RolloutWriter(out)
+    assert writer.add(env)
+    writer.close()
+    ds = datasets.load_dataset("parquet", data_dir=str(out / "data"), split="train")
+    row = ds[0]
+    meta = json.loads(row["meta"])
+    assert meta["reward"] == result.reward == 1.0 and meta["task_id"] == task.task_id
+    labels = meta["labels"]
+    assert labels["reward_executor"] == labels["reward_judge"] == 1.0
+    assert labels["invalid_calls"] == 1 and labels["trimmed_turns"] == 1
+    assert row["conversations"][-1]["from"] == "gpt"
+    assert [c["from"] for c in row["conversations"]].count("function_call") == len(task.actions) + 1
+    lf = lfcompat.load()
+    lfcompat.LOGGER.warnings.clear()
+    n, rows = converted(lf, out)
+    assert n == 1
+    check_rows(lf, rows)
+    assert lfcompat.LOGGER.warnings == []
+
+
+def test_serve_refuses_a_mode_without_a_world(taubench_dir: Path, capsys) -> None:
+    from factory.simenv.__main__ import main
+
+    code = main(["serve", "--domain", "airline", "--mode", "executor",
+                 "--tasks", str(taubench_dir / "gpt-4o-airline.json")])  # fmt: skip
+    assert code == 2
+    assert "--mode llm" in capsys.readouterr().err

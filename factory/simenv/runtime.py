@@ -20,6 +20,7 @@ from factory.llm.backends import build_backend
 from factory.llm.pricing import PriceTable
 from factory.simenv.env import SimEnv
 from factory.simenv.llm import RoleLLM
+from factory.simenv.rollout import RolloutWriter
 from factory.simenv.spec import DomainSpec
 from factory.simenv.tasks import load_tasks
 
@@ -59,6 +60,7 @@ class Runtime:
         settings: the episode settings.
         concurrency: LLM requests in flight at once from this process.
         model: the model id of request ids when there is no ``llm`` (a replay from the cache).
+        rollouts: where every finished episode is written as a training row, or None.
     """
 
     spec: DomainSpec
@@ -68,6 +70,7 @@ class Runtime:
     settings: EnvSettings = field(default_factory=EnvSettings)
     concurrency: int = 256
     model: str = "factory-dev"
+    rollouts: RolloutWriter | None = None
     _role_llm: RoleLLM | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -84,12 +87,14 @@ class Runtime:
         settings: EnvSettings | None = None,
         concurrency: int = 256,
         budget: Any = None,
+        rollouts: str | Path | None = None,
     ) -> Runtime:
         """A runtime from command-line style options (``python -m factory.simenv serve``)."""
         spec = DomainSpec.load(domain, tasks=load_tasks(tasks), db=db, world_seed=world_seed)
         llm = llm_config(base_url, model, concurrency=concurrency) if base_url else None
         cache = ResponseCache(str(cache_dir)) if cache_dir is not None else None
-        return cls(spec, llm, cache, budget, settings or EnvSettings(), concurrency, model)
+        writer = RolloutWriter(rollouts) if rollouts is not None else None
+        return cls(spec, llm, cache, budget, settings or EnvSettings(), concurrency, model, writer)
 
     def role_llm(self) -> RoleLLM | None:
         """The shared LLM of the roles (built on first use, on the caller's loop)."""
@@ -123,7 +128,15 @@ class Runtime:
             max_steps=s.max_steps,
         )
 
+    def record(self, env: SimEnv) -> None:
+        """Write ``env``'s finished episode to the rollouts, when they are kept."""
+        if self.rollouts is not None:
+            self.rollouts.add(env)
+
     async def aclose(self) -> None:
+        """Close the LLM backend, flush the cache and finish the rollout shards."""
+        if self.rollouts is not None:
+            self.rollouts.close()
         if self._role_llm is not None:
             await self._role_llm.aclose()
             self._role_llm = None
