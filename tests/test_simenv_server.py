@@ -37,7 +37,10 @@ def _actions(task: Task, wrong: bool) -> list[dict[str, Any]]:
 
 
 def _plan(rt: Runtime) -> list[tuple[Task, bool, int]]:
-    tasks = [t for t in rt.spec.tasks if t.actions][:8]
+    writes = rt.spec.pack.write_tools()
+    # tasks whose ground truth ends on a write and asks for no output: following it earns 1
+    tasks = [t for t in rt.spec.tasks if t.actions and t.actions[-1]["name"] in writes]
+    tasks = [t for t in tasks if not t.outputs][:8]
     return [(tasks[i % len(tasks)], i % 2 == 1, i) for i in range(EPISODES)]
 
 

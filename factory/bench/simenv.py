@@ -40,7 +40,7 @@ async def _episode_loop(url: str, tasks: list[Any], start: int, stop_at: float) 
                 r = await env.step(SimAction(tool_name=a["name"], arguments=a["arguments"]))
                 steps += 1
             while not r.done:
-                r = await env.step(SimAction(content="Is there anything else I can do?"))
+                r = await env.step(SimAction(content="Your request is complete."))
                 steps += 1
             episodes += 1
     return steps, episodes
