@@ -16,7 +16,7 @@ import pytest
 
 from factory.devserver import roles as dev_roles
 from factory.envsim import roles
-from factory.errors import ConfigError, LLMError
+from factory.errors import ConfigError, LLMError, RepairError
 from factory.simenv.env import check_consistency
 from factory.simenv.gym import GymEnv
 from factory.simenv.runtime import EnvSettings, Runtime
@@ -313,3 +313,41 @@ def test_serve_refuses_a_mode_without_a_world(taubench_dir: Path, capsys) -> Non
                  "--tasks", str(taubench_dir / "gpt-4o-airline.json")])  # fmt: skip
     assert code == 2
     assert "--mode llm" in capsys.readouterr().err
+
+
+def test_role_llm_stores_before_parsing_and_obeys_the_budget(tmp_path: Path) -> None:
+    from factory.engine.budget import BudgetState
+    from factory.errors import BudgetExceeded
+    from factory.io.cache import ResponseCache
+    from factory.llm.backends import OnlineBackend
+    from factory.llm.client import Completion
+    from factory.simenv.llm import RoleLLM
+
+    class Fake(OnlineBackend):
+        model = "m"
+        sent = 0
+
+        async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+            Fake.sent += 1
+            usage = {"total_tokens": 10}
+            return Completion("not json at all", None, usage, 0.5, "fake", 1, 0.0, "m", None)
+
+    budget = BudgetState(max_calls=1)
+    cache = ResponseCache(str(tmp_path / "c"))
+    llm = RoleLLM(Fake(), model="m", cache=cache, budget=budget)
+    judge = roles.judge_messages(
+        instruction="x", expected_actions=[], outputs=[], expected_outcome="", episode=[]
+    )
+
+    async def run() -> None:
+        text = await llm.complete("judge", judge, seed=1)
+        with pytest.raises(RepairError):
+            roles.parse_judgement(text)  # unparsable, yet paid for and stored
+        assert await llm.complete("judge", judge, seed=1) == text  # from the cache
+        with pytest.raises(BudgetExceeded):
+            await llm.complete("judge", judge, seed=2)
+
+    asyncio.run(run())
+    assert Fake.sent == 1 and len(cache) == 1
+    assert budget.calls == 1 and budget.refused == 1 and budget.cost_usd == 1.0  # hit counted
+    assert (llm.stats.calls, llm.stats.cache_hits) == (1, 1)
