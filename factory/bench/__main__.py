@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from factory.bench import STORM_DEFECTS, bench_amplify, bench_storm, default_recipe
@@ -68,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="keep each run's devserver request log (clean.jsonl, storm.jsonl) in DIR",
     )
+    se = sub.add_parser("simenv", help="environment server steps/s vs the LLM's limit C/L")
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "taubench-airline"
+    se.add_argument("--tasks", default=str(shared / "gpt-4o-airline.json"))
+    se.add_argument("--db", default=str(shared))
+    se.add_argument("--mode", default="hybrid", choices=("executor", "hybrid", "llm"))
+    se.add_argument("--episodes", type=int, default=64, help="episodes in flight")
+    se.add_argument("--duration", type=float, default=60.0, help="seconds of episodes")
+    se.add_argument("--latency-ms", type=float, default=200.0)
+    se.add_argument("--concurrency", type=int, default=64, help="devserver slots C")
+    se.add_argument("--port", type=int, default=8765)
+    se.set_defaults(recipe=None)
     pp.add_argument("--rows", type=int, default=4000)
     pp.add_argument("--repeat", type=int, default=3, help="passes; the best one counts")
     pp.add_argument("--rounds", type=int, default=2, help="old/new alternations; best counts")
@@ -88,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     report: dict[str, Any]
-    if args.what == "postprocess":
+    if args.what == "simenv":
+        from factory.bench.simenv import bench_simenv
+
+        report = bench_simenv(args)
+    elif args.what == "postprocess":
         report = bench_postprocess(args)
     elif args.what == "storm":
         report = bench_storm(args)

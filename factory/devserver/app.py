@@ -33,7 +33,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import grounded, simulate
+from factory.devserver import grounded, roles, simulate
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects"]
@@ -470,6 +470,8 @@ def _complete(
     events: list[str] = []
     if kind == "other":
         return simulate.answer_other(messages), applied, "stop", events
+    if kind in roles.KINDS:  # the roles of a simulated RL environment (factory.simenv)
+        return roles.answer(kind, messages, crng), applied, "stop", events
     text = simulate.last_user_text(messages)
     if kind == "simulate":
         answer, dropped = _simulation(text, state, digest)
@@ -541,7 +543,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     attempt = state.next_attempt(digest)
     drng = random.Random(_seed_int(state.config.seed, digest, f"attempt:{attempt}"))
     defect = state.draw_defect(drng)
-    kind, status = simulate.prompt_kind(payload["messages"]), _CLIENT_GONE
+    kind = roles.kind_of(payload["messages"]) or simulate.prompt_kind(payload["messages"])
+    status = _CLIENT_GONE
     applied = defect if defect in TRANSPORT_DEFECTS else None  # content defects once applied
     state.by_kind[kind] += 1
     state.open += 1

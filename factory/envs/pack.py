@@ -20,8 +20,9 @@ from factory.errors import ConfigError
 if TYPE_CHECKING:
     from factory.config import RecipeConfig
     from factory.core.rules import DomainRules
+    from factory.envs.plugin import DataPack
 
-__all__ = ["KINDS", "Domain", "load_domain"]
+__all__ = ["KINDS", "Domain", "domain_from_pack", "load_domain"]
 
 KINDS = ("read", "write", "generic")
 
@@ -126,3 +127,17 @@ def _pack_paths(cfg: RecipeConfig) -> tuple[Path, Path | None, Path | None]:
         cfg.resolve(d.policy) if d.policy else pack.policy,
         cfg.resolve(d.rules) if d.rules else pack.rules,
     )
+
+
+def domain_from_pack(name: str, pack: DataPack) -> Domain:
+    """The ``Domain`` of a plug-in's shipped pack (no recipe: ``factory.simenv``).
+
+    Raises:
+        ConfigError: a file is missing or malformed.
+    """
+    from factory.core.rules import DomainRules
+
+    tools, kinds = _load_tools(pack.tools, "domain.tools")
+    policy = pack.policy.read_text(encoding="utf-8") if pack.policy is not None else ""
+    rules = DomainRules.load(pack.rules) if pack.rules is not None else None
+    return Domain(name=name, tools=tools, policy=policy, rules=rules, kinds=kinds)

@@ -1,0 +1,144 @@
+"""What one environment server holds: the domain spec, the LLM settings, the episode factory.
+
+Why one object: an OpenEnv server makes a new environment per WebSocket session,
+and every one of them must share the same domain spec (one base world, tasks),
+one response cache, one budget and one backend (its connection pool and
+concurrency limit), while owning its own world fork. ``Runtime.new_env()`` is that
+factory. The backend is built lazily on the event loop that first uses it (an
+aiohttp session belongs to one loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from factory.config import EndpointConfig, LLMConfig
+from factory.io.cache import ResponseCache
+from factory.llm.backends import build_backend
+from factory.llm.pricing import PriceTable
+from factory.simenv.env import SimEnv
+from factory.simenv.llm import RoleLLM
+from factory.simenv.rollout import RolloutWriter
+from factory.simenv.spec import DomainSpec
+from factory.simenv.tasks import load_tasks
+
+__all__ = ["EnvSettings", "Runtime", "llm_config"]
+
+
+def llm_config(base_url: str, model: str, **kw: Any) -> LLMConfig:
+    """The ``llm`` section for one OpenAI-compatible endpoint (the key, if any, by env var)."""
+    api_key_env = kw.pop("api_key_env", None)
+    return LLMConfig(
+        model=model,
+        endpoints=[EndpointConfig(base_url=base_url, api_key_env=api_key_env, weight=1)],
+        **kw,
+    )
+
+
+@dataclass
+class EnvSettings:
+    """How episodes are played (the ``serve`` command's options)."""
+
+    mode: str = "executor"
+    judge: bool = True
+    reward: str = "auto"
+    simulate_tools: frozenset[str] = frozenset()
+    max_steps: int = 60
+
+
+@dataclass
+class Runtime:
+    """Shared by every episode of one server process.
+
+    Args:
+        spec: the served domain.
+        llm: the ``llm`` section (endpoints, model, sampling, retries) or None (no LLM roles).
+        cache: the response cache every role answer goes through, or None.
+        budget: a ``BudgetState`` or ``BudgetActor`` handle shared by the episodes.
+        settings: the episode settings.
+        concurrency: LLM requests in flight at once from this process.
+        model: the model id of request ids when there is no ``llm`` (a replay from the cache).
+        rollouts: where every finished episode is written as a training row, or None.
+    """
+
+    spec: DomainSpec
+    llm: LLMConfig | None = None
+    cache: ResponseCache | None = None
+    budget: Any = None
+    settings: EnvSettings = field(default_factory=EnvSettings)
+    concurrency: int = 256
+    model: str = "factory-dev"
+    rollouts: RolloutWriter | None = None
+    _role_llm: RoleLLM | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        domain: str,
+        *,
+        tasks: str | Path,
+        db: str | Path | None = None,
+        world_seed: int | None = None,
+        base_url: str | None = None,
+        model: str = "factory-dev",
+        cache_dir: str | Path | None = None,
+        settings: EnvSettings | None = None,
+        concurrency: int = 256,
+        budget: Any = None,
+        rollouts: str | Path | None = None,
+    ) -> Runtime:
+        """A runtime from command-line style options (``python -m factory.simenv serve``)."""
+        spec = DomainSpec.load(domain, tasks=load_tasks(tasks), db=db, world_seed=world_seed)
+        llm = llm_config(base_url, model, concurrency=concurrency) if base_url else None
+        cache = ResponseCache(str(cache_dir)) if cache_dir is not None else None
+        writer = RolloutWriter(rollouts) if rollouts is not None else None
+        return cls(spec, llm, cache, budget, settings or EnvSettings(), concurrency, model, writer)
+
+    def role_llm(self) -> RoleLLM | None:
+        """The shared LLM of the roles (built on first use, on the caller's loop)."""
+        if self._role_llm is None and (self.llm is not None or self.cache is not None):
+            backend = None
+            if self.llm is not None:
+                price = PriceTable.from_config(None).lookup(self.llm.model)
+                backend = build_backend(
+                    self.llm, self.llm.model, concurrency=self.concurrency, price=price
+                )
+            self._role_llm = RoleLLM(
+                backend,
+                model=self.llm.model if self.llm else self.model,
+                sampling=self.llm.sampling if self.llm else {},
+                cache=self.cache,
+                budget=self.budget,
+                concurrency=self.concurrency,
+            )
+        return self._role_llm
+
+    def new_env(self) -> SimEnv:
+        """A fresh environment for one session (its episodes fork the base world)."""
+        s = self.settings
+        return SimEnv(
+            self.spec,
+            mode=s.mode,
+            llm=self.role_llm(),
+            judge=s.judge,
+            reward=s.reward,
+            simulate_tools=s.simulate_tools,
+            max_steps=s.max_steps,
+        )
+
+    def record(self, env: SimEnv) -> None:
+        """Write ``env``'s finished episode to the rollouts, when they are kept."""
+        if self.rollouts is not None:
+            self.rollouts.add(env)
+
+    async def aclose(self) -> None:
+        """Close the LLM backend, flush the cache and finish the rollout shards."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+        if self._role_llm is not None:
+            await self._role_llm.aclose()
+            self._role_llm = None
+        elif self.cache is not None:
+            self.cache.flush()
