@@ -79,13 +79,13 @@ def _check_items(order: dict[str, Any], item_ids: list[str], message: str | None
 def _price_difference(
     data: dict[str, Any], order: dict[str, Any], item_ids: list[str], new_item_ids: list[str]
 ) -> Any:
-    """Sum of new minus old prices; every new item must be an available variant of the same product."""
+    """Sum of new minus old prices; each new item: an available variant of the same product."""
     if len(item_ids) != len(new_item_ids):
         raise _refuse("the number of items to be exchanged should match")
     products = data["products"]
     diff: Any = 0
-    for item_id, new_item_id in zip(item_ids, new_item_ids):
-        item = [i for i in order["items"] if i["item_id"] == item_id][0]
+    for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
+        item = [i for i in order["items"] if i["item_id"] == item_id][0]  # noqa: RUF015 - IndexError text, as tau-bench
         variants = products[item["product_id"]]["variants"]
         if not (new_item_id in variants and variants[new_item_id]["available"]):
             raise _refuse(f"new item {new_item_id} not found or available")
@@ -117,7 +117,11 @@ def cancel_pending_order(data: dict[str, Any], order_id: str, reason: str) -> st
     for payment in order["payment_history"]:
         method_id = payment["payment_method_id"]
         refunds.append(
-            {"transaction_type": "refund", "amount": payment["amount"], "payment_method_id": method_id}
+            {
+                "transaction_type": "refund",
+                "amount": payment["amount"],
+                "payment_method_id": method_id,
+            }
         )
         if "gift_card" in method_id:  # gift cards are refunded at once
             _add_to_balance(
@@ -152,9 +156,9 @@ def modify_pending_order_items(
     if method["source"] == "gift_card":
         _add_to_balance(method, -diff)
     variants_of = data["products"]
-    for item_id, new_item_id in zip(item_ids, new_item_ids):
+    for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
         # The first item still carrying the old id: duplicates are replaced one by one.
-        item = [i for i in order["items"] if i["item_id"] == item_id][0]
+        item = [i for i in order["items"] if i["item_id"] == item_id][0]  # noqa: RUF015 - IndexError text, as tau-bench
         variant = variants_of[item["product_id"]]["variants"][new_item_id]
         item["item_id"] = new_item_id
         item["price"] = variant["price"]
@@ -207,7 +211,11 @@ def modify_pending_order_payment(
         raise _refuse("insufficient gift card balance to pay for the order")
     history.extend(
         [
-            {"transaction_type": "payment", "amount": amount, "payment_method_id": payment_method_id},
+            {
+                "transaction_type": "payment",
+                "amount": amount,
+                "payment_method_id": payment_method_id,
+            },
             {"transaction_type": "refund", "amount": amount, "payment_method_id": old_id},
         ]
     )
@@ -284,7 +292,9 @@ def find_user_id_by_email(data: dict[str, Any], email: str) -> str:
     raise _refuse("user not found")
 
 
-def find_user_id_by_name_zip(data: dict[str, Any], first_name: str, last_name: str, zip: str) -> str:
+def find_user_id_by_name_zip(
+    data: dict[str, Any], first_name: str, last_name: str, zip: str
+) -> str:
     for user_id, profile in data["users"].items():
         if (
             profile["name"]["first_name"].lower() == first_name.lower()

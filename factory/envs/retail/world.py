@@ -22,6 +22,7 @@ import json
 import random
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,30 +30,176 @@ __all__ = ["CATALOGUE", "STATUSES", "check_world", "generate_world", "main", "wr
 
 #: Product type -> (price range in dollars, option name -> values). Our own catalogue.
 CATALOGUE: dict[str, tuple[tuple[int, int], dict[str, tuple[str, ...]]]] = {
-    "Backpack": ((40, 220), {"color": ("black", "grey", "green", "navy"), "size": ("small", "medium", "large"), "material": ("nylon", "leather", "polyester")}),
-    "Bluetooth Speaker": ((40, 320), {"color": ("black", "blue", "red"), "battery life": ("10 hours", "20 hours"), "water resistance": ("yes", "no")}),
-    "Coffee Maker": ((60, 320), {"color": ("black", "stainless steel", "white"), "capacity": ("4 cups", "8 cups", "12 cups"), "type": ("drip", "french press", "espresso")}),
-    "Desk Lamp": ((30, 180), {"color": ("white", "black", "silver"), "brightness": ("low", "medium", "high"), "power source": ("USB", "AC adapter", "battery")}),
-    "Electric Kettle": ((25, 150), {"capacity": ("1L", "1.5L", "2L"), "material": ("glass", "plastic", "stainless steel"), "color": ("white", "black", "silver")}),
-    "Fleece Jacket": ((60, 190), {"size": ("S", "M", "L", "XL"), "color": ("black", "navy", "red"), "zipper": ("full", "half")}),
-    "Garden Hose": ((20, 120), {"length": ("25ft", "50ft", "100ft"), "material": ("rubber", "vinyl", "latex"), "color": ("green", "blue", "black")}),
-    "Headphones": ((60, 420), {"type": ("on-ear", "over-ear", "in-ear"), "connectivity": ("wired", "wireless"), "color": ("black", "white", "red")}),
-    "Hiking Boots": ((80, 280), {"size": ("8", "9", "10", "11", "12"), "material": ("leather", "synthetic"), "waterproof": ("yes", "no")}),
-    "Laptop": ((600, 2800), {"screen size": ("13-inch", "15-inch", "17-inch"), "processor": ("i5", "i7", "i9"), "ram": ("8GB", "16GB", "32GB"), "storage": ("256GB SSD", "512GB SSD", "1TB SSD")}),
-    "Mechanical Keyboard": ((60, 280), {"switch type": ("linear", "tactile", "clicky"), "backlight": ("none", "white", "RGB"), "size": ("full size", "80%", "60%")}),
-    "Office Chair": ((120, 520), {"material": ("fabric", "mesh", "leather"), "color": ("black", "gray", "blue"), "armrest": ("fixed", "adjustable")}),
-    "Running Shoes": ((60, 220), {"size": ("7", "8", "9", "10", "11"), "color": ("black", "white", "red", "yellow"), "material": ("mesh", "synthetic")}),
-    "Smart Watch": ((150, 520), {"color": ("black", "silver", "gold"), "band material": ("silicone", "leather", "metal"), "display": ("LCD", "AMOLED")}),
-    "T-Shirt": ((15, 60), {"color": ("black", "white", "blue", "red"), "size": ("S", "M", "L", "XL"), "material": ("cotton", "polyester")}),
-    "Tablet": ((200, 1100), {"screen size": ("8-inch", "10-inch", "12-inch"), "storage": ("64GB", "128GB", "256GB"), "color": ("black", "silver", "gold")}),
-    "Vacuum Cleaner": ((90, 650), {"type": ("upright", "canister", "robotic"), "bagged/bagless": ("bagged", "bagless"), "features": ("HEPA filter", "pet hair removal", "cordless")}),
-    "Water Bottle": ((10, 60), {"capacity": ("500ml", "750ml", "1000ml"), "material": ("glass", "plastic", "stainless steel"), "color": ("blue", "black", "green")}),
-    "Wireless Earbuds": ((50, 320), {"color": ("black", "white", "blue"), "battery life": ("4 hours", "6 hours", "8 hours"), "water resistance": ("IPX4", "IPX7", "not resistant")}),
-    "Yoga Mat": ((20, 140), {"thickness": ("4mm", "6mm", "8mm"), "material": ("PVC", "natural rubber", "TPE"), "color": ("green", "pink", "purple", "blue")}),
-}  # fmt: skip
+    "Backpack": (
+        (40, 220),
+        {
+            "color": ("black", "grey", "green", "navy"),
+            "size": ("small", "medium", "large"),
+            "material": ("nylon", "leather", "polyester"),
+        },
+    ),
+    "Bluetooth Speaker": (
+        (40, 320),
+        {
+            "color": ("black", "blue", "red"),
+            "battery life": ("10 hours", "20 hours"),
+            "water resistance": ("yes", "no"),
+        },
+    ),
+    "Coffee Maker": (
+        (60, 320),
+        {
+            "color": ("black", "stainless steel", "white"),
+            "capacity": ("4 cups", "8 cups", "12 cups"),
+            "type": ("drip", "french press", "espresso"),
+        },
+    ),
+    "Desk Lamp": (
+        (30, 180),
+        {
+            "color": ("white", "black", "silver"),
+            "brightness": ("low", "medium", "high"),
+            "power source": ("USB", "AC adapter", "battery"),
+        },
+    ),
+    "Electric Kettle": (
+        (25, 150),
+        {
+            "capacity": ("1L", "1.5L", "2L"),
+            "material": ("glass", "plastic", "stainless steel"),
+            "color": ("white", "black", "silver"),
+        },
+    ),
+    "Fleece Jacket": (
+        (60, 190),
+        {
+            "size": ("S", "M", "L", "XL"),
+            "color": ("black", "navy", "red"),
+            "zipper": ("full", "half"),
+        },
+    ),
+    "Garden Hose": (
+        (20, 120),
+        {
+            "length": ("25ft", "50ft", "100ft"),
+            "material": ("rubber", "vinyl", "latex"),
+            "color": ("green", "blue", "black"),
+        },
+    ),
+    "Headphones": (
+        (60, 420),
+        {
+            "type": ("on-ear", "over-ear", "in-ear"),
+            "connectivity": ("wired", "wireless"),
+            "color": ("black", "white", "red"),
+        },
+    ),
+    "Hiking Boots": (
+        (80, 280),
+        {
+            "size": ("8", "9", "10", "11", "12"),
+            "material": ("leather", "synthetic"),
+            "waterproof": ("yes", "no"),
+        },
+    ),
+    "Laptop": (
+        (600, 2800),
+        {
+            "screen size": ("13-inch", "15-inch", "17-inch"),
+            "processor": ("i5", "i7", "i9"),
+            "ram": ("8GB", "16GB", "32GB"),
+            "storage": ("256GB SSD", "512GB SSD", "1TB SSD"),
+        },
+    ),
+    "Mechanical Keyboard": (
+        (60, 280),
+        {
+            "switch type": ("linear", "tactile", "clicky"),
+            "backlight": ("none", "white", "RGB"),
+            "size": ("full size", "80%", "60%"),
+        },
+    ),
+    "Office Chair": (
+        (120, 520),
+        {
+            "material": ("fabric", "mesh", "leather"),
+            "color": ("black", "gray", "blue"),
+            "armrest": ("fixed", "adjustable"),
+        },
+    ),
+    "Running Shoes": (
+        (60, 220),
+        {
+            "size": ("7", "8", "9", "10", "11"),
+            "color": ("black", "white", "red", "yellow"),
+            "material": ("mesh", "synthetic"),
+        },
+    ),
+    "Smart Watch": (
+        (150, 520),
+        {
+            "color": ("black", "silver", "gold"),
+            "band material": ("silicone", "leather", "metal"),
+            "display": ("LCD", "AMOLED"),
+        },
+    ),
+    "T-Shirt": (
+        (15, 60),
+        {
+            "color": ("black", "white", "blue", "red"),
+            "size": ("S", "M", "L", "XL"),
+            "material": ("cotton", "polyester"),
+        },
+    ),
+    "Tablet": (
+        (200, 1100),
+        {
+            "screen size": ("8-inch", "10-inch", "12-inch"),
+            "storage": ("64GB", "128GB", "256GB"),
+            "color": ("black", "silver", "gold"),
+        },
+    ),
+    "Vacuum Cleaner": (
+        (90, 650),
+        {
+            "type": ("upright", "canister", "robotic"),
+            "bagged/bagless": ("bagged", "bagless"),
+            "features": ("HEPA filter", "pet hair removal", "cordless"),
+        },
+    ),
+    "Water Bottle": (
+        (10, 60),
+        {
+            "capacity": ("500ml", "750ml", "1000ml"),
+            "material": ("glass", "plastic", "stainless steel"),
+            "color": ("blue", "black", "green"),
+        },
+    ),
+    "Wireless Earbuds": (
+        (50, 320),
+        {
+            "color": ("black", "white", "blue"),
+            "battery life": ("4 hours", "6 hours", "8 hours"),
+            "water resistance": ("IPX4", "IPX7", "not resistant"),
+        },
+    ),
+    "Yoga Mat": (
+        (20, 140),
+        {
+            "thickness": ("4mm", "6mm", "8mm"),
+            "material": ("PVC", "natural rubber", "TPE"),
+            "color": ("green", "pink", "purple", "blue"),
+        },
+    ),
+}
 
 #: Order statuses a generated world holds, with their weights.
-STATUSES: dict[str, float] = {"pending": 0.42, "processed": 0.1, "delivered": 0.38, "cancelled": 0.1}
+STATUSES: dict[str, float] = {
+    "pending": 0.42,
+    "processed": 0.1,
+    "delivered": 0.38,
+    "cancelled": 0.1,
+}
 
 _FIRST = (
     "Aarav", "Amelia", "Anya", "Chen", "Daiki", "Emma", "Ethan", "Fatima", "Harper", "Isabella",
@@ -93,6 +240,9 @@ class _World:
                 self._used.add(value)
                 return value
 
+    def _tagged(self, head: str, tail: str) -> str:
+        return f"{head}{self.rng.randint(1000, 9999)}{tail}"
+
     def _digits(self, n: int) -> str:
         return str(self.rng.randint(10 ** (n - 1), 10**n - 1))
 
@@ -113,11 +263,15 @@ class _World:
                 item_id = self._unique(lambda: self._digits(10))
                 variants[item_id] = {
                     "item_id": item_id,
-                    "options": dict(zip(options, combo)),
+                    "options": dict(zip(options, combo, strict=True)),
                     "available": rng.random() < 0.65,
                     "price": round(rng.uniform(low, high), 2),
                 }
-            self.products[product_id] = {"name": name, "product_id": product_id, "variants": variants}
+            self.products[product_id] = {
+                "name": name,
+                "product_id": product_id,
+                "variants": variants,
+            }
 
     # --- users ----------------------------------------------------------------------------
     def _payment_method(self, source: str) -> dict[str, Any]:
@@ -138,9 +292,11 @@ class _World:
         rng = self.rng
         for _ in range(n_users):
             first, last = rng.choice(_FIRST), rng.choice(_LAST)
-            uid = self._unique(lambda: f"{first}_{last}_{rng.randint(1000, 9999)}".lower())
+            uid = self._unique(partial(self._tagged, f"{first}_{last}_".lower(), ""))
             city, state, prefix = rng.choice(_CITIES)
-            sources = rng.sample(("credit_card", "paypal", "gift_card"), rng.choice((1, 1, 2, 2, 3)))
+            sources = rng.sample(
+                ("credit_card", "paypal", "gift_card"), rng.choice((1, 1, 2, 2, 3))
+            )
             if rng.random() < 0.1:
                 sources.append(rng.choice(("credit_card", "gift_card")))
             methods = [self._payment_method(s) for s in sources]
@@ -154,7 +310,9 @@ class _World:
                     "state": state,
                     "zip": f"{prefix}{rng.randint(0, 99):02d}",
                 },
-                "email": self._unique(lambda: f"{first}.{last}{rng.randint(1000, 9999)}@example.com".lower()),
+                "email": self._unique(
+                    partial(self._tagged, f"{first}.{last}".lower(), "@example.com")
+                ),
                 "payment_methods": {m["id"]: m for m in methods},
                 "orders": [],
             }
@@ -188,7 +346,9 @@ class _World:
             status = rng.choices(statuses, weights)[0]
             method = rng.choice(sorted(user["payment_methods"]))
             total = round(sum(i["price"] for i in items), 2)
-            history = [{"transaction_type": "payment", "amount": total, "payment_method_id": method}]
+            history = [
+                {"transaction_type": "payment", "amount": total, "payment_method_id": method}
+            ]
             if status == "cancelled":
                 history.append(dict(history[0], transaction_type="refund"))
             address = dict(user["address"])
@@ -201,7 +361,9 @@ class _World:
                     zip=f"{prefix}{rng.randint(0, 99):02d}",
                 )
             fulfillments = []
-            if status in ("processed", "delivered") or (status == "cancelled" and rng.random() < 0.5):
+            if status in ("processed", "delivered") or (
+                status == "cancelled" and rng.random() < 0.5
+            ):
                 fulfillments.append(
                     {"tracking_id": [self._digits(12)], "item_ids": [i["item_id"] for i in items]}
                 )
@@ -275,14 +437,22 @@ def check_world(state: dict[str, Any]) -> list[str]:
             problems.append(f"order {oid}: user {uid} missing or does not list it")
             continue
         for item in order.get("items", []):
-            variant = products.get(item.get("product_id"), {}).get("variants", {}).get(item.get("item_id"))
+            variant = (
+                products.get(item.get("product_id"), {})
+                .get("variants", {})
+                .get(item.get("item_id"))
+            )
             if variant is None:
-                problems.append(f"order {oid}: item {item.get('item_id')} is no variant of its product")
+                problems.append(
+                    f"order {oid}: item {item.get('item_id')} is no variant of its product"
+                )
             elif variant["options"] != item.get("options"):
                 problems.append(f"order {oid}: item {item.get('item_id')} options differ")
         for payment in order.get("payment_history", []):
             if payment.get("payment_method_id") not in users[uid]["payment_methods"]:
-                problems.append(f"order {oid}: payment method {payment.get('payment_method_id')} not the user's")
+                problems.append(
+                    f"order {oid}: payment method {payment.get('payment_method_id')} not the user's"
+                )
         held = [i.get("item_id") for i in order.get("items", [])]
         for fulfillment in order.get("fulfillments", []):
             if any(i not in held for i in fulfillment.get("item_ids", [])):
@@ -314,8 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:  # pragma: no cover - the generator keeps its own invariants
         print("\n".join(problems), file=sys.stderr)
         return 1
-    print(f"wrote {write_world(state, args.out)}: {len(state['users'])} users, "
-          f"{len(state['orders'])} orders, {len(state['products'])} products")
+    print(
+        f"wrote {write_world(state, args.out)}: {len(state['users'])} users, "
+        f"{len(state['orders'])} orders, {len(state['products'])} products"
+    )
     return 0
 
 
