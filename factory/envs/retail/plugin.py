@@ -12,14 +12,13 @@ when they exist in the tree, so the plug-in works before and after they land.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from factory.envs.base import Environment
-from factory.envs.plugin import DataPack, DomainPlugin
+from factory.envs.plugin import DataPack, DomainPlugin, EpisodeSampling, Slicing
 
 __all__ = ["NAME", "plugin"]
 
@@ -32,6 +31,24 @@ def _environment(**kw: Any) -> Environment:
     from factory.envs.retail import RetailEnv
 
     return RetailEnv.create(**kw)
+
+
+def _slicing() -> Slicing:
+    from factory.envs.retail import RetailEnv
+    from factory.envs.retail.slices import project, slice_for
+
+    def world(state: dict[str, Any], like: Environment | None) -> Environment:
+        validate = getattr(like, "validate_arguments", True)
+        # copy(): the fork deep-copies what it writes, so ``state`` itself stays untouched.
+        return RetailEnv(state, validate_arguments=validate).copy()
+
+    return Slicing(slice_for=slice_for, project=lambda s, like: project(s, like=like), world=world)
+
+
+def _grounding(env: Environment) -> Any:
+    from factory.envs.retail.scenarios import RetailScenarios
+
+    return RetailScenarios(env)
 
 
 def _tool_functions() -> Mapping[str, Callable[..., Any]]:
@@ -53,12 +70,9 @@ def _pack() -> DataPack | None:
     )
 
 
-def _has_devserver() -> bool:
-    return importlib.util.find_spec("factory.envs.retail.devserver") is not None
-
-
 def plugin() -> DomainPlugin:
     """The retail plug-in (the entry point's target)."""
+    from factory.envs.retail import sampler
     from factory.envs.retail.world import generate_world
 
     return DomainPlugin(
@@ -66,5 +80,15 @@ def plugin() -> DomainPlugin:
         pack=_pack(),
         environment=_environment,
         world_sizes=frozenset(inspect.signature(generate_world).parameters) - {"seed"},
+        slicing=_slicing(),
         tool_functions=_tool_functions,
+        sampler=EpisodeSampling(
+            scenarios=sampler.SCENARIOS,
+            system=sampler.DEFAULT_SYSTEM,
+            default_tools=sampler.default_tools,
+            sample_episode=sampler.sample_episode,
+        ),
+        grounding=_grounding,
+        # The development server's hooks (factory.envs.retail.devserver) are wired in when
+        # that module lands; until then a devserver run reports the part as missing.
     )
