@@ -18,6 +18,7 @@ from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run
 from factory.envs.retail.sampler import default_tools
 from factory.envsim.simulator import parse_prediction
+from factory.evaluate import main as evaluate_main
 
 from .test_envsim_e2e import check_alpaca
 
@@ -50,7 +51,9 @@ def _recipe(tmp: Path, out: Path) -> Path:
     return recipe
 
 
-def test_retail_envsim_fills_its_quotas_with_exact_targets(ray_session, tmp_path: Path) -> None:
+def test_retail_envsim_fills_its_quotas_with_exact_targets(
+    ray_session, devserver, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     cfg = load_recipe(_recipe(tmp_path, out), [])
     result = run(cfg, out, progress=False)
@@ -68,3 +71,10 @@ def test_retail_envsim_fills_its_quotas_with_exact_targets(ray_session, tmp_path
         assert set(state) == {"users", "orders", "products"}
         assert simulate_call(state, name, args) == target  # the target is the world's answer
         assert "def " in row["instruction"]  # with_code: the tool's source is shown
+    # factory.evaluate scores the job's own candidates: a perfect simulator gets them all.
+    report_dir = tmp_path / "eval"
+    argv = ["--samples", str(out / "candidates"), "--base-url", devserver().url]
+    argv += ["--model", "factory-dev", "--limit", "60", "--out", str(report_dir)]
+    assert evaluate_main(argv) == 0
+    overall = json.loads((report_dir / "evaluation.json").read_text())["overall"]
+    assert overall["n"] == overall["feedback_match"] == overall["config_match"] == 60
