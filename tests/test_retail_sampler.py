@@ -267,3 +267,13 @@ def test_check_step_holds_for_a_multi_item_exchange(
     ops = {op["path"].rsplit("/", 1)[-1] for op in sample.delta}
     assert {"status", "exchange_items", "exchange_new_items"} <= ops
     assert sample.labels["group"] == "Medium"
+
+
+def test_a_taubench_database_grounds_too() -> None:
+    if not RETAIL.is_dir():
+        pytest.skip(f"reference data not found at {RETAIL} (../shared is absent)")
+    world = GroundingWorld("retail", db_dir=RETAIL)
+    scenario = world.scenario(3, 0)
+    world.fresh_env(scenario)
+    assert world.env_id == "retail-db-taubench-retail"
+    assert scenario["orders"] and len(render_scenario(scenario)) < 40_000

@@ -48,6 +48,11 @@ def test_referential_integrity(world: dict) -> None:
     assert sources == {"credit_card", "paypal", "gift_card"}
     emails = [u["email"] for u in world["users"].values()]
     assert len(set(emails)) == len(emails)  # a lookup by email finds one user
+    keys = [
+        (u["name"]["first_name"], u["name"]["last_name"], u["address"]["zip"])
+        for u in world["users"].values()
+    ]
+    assert len(set(keys)) == len(keys)  # and so does one by name and zip
 
 
 def test_check_world_reports_broken_references(world: dict) -> None:

@@ -243,6 +243,9 @@ class _World:
     def _tagged(self, head: str, tail: str) -> str:
         return f"{head}{self.rng.randint(1000, 9999)}{tail}"
 
+    def _tagged_zip(self, head: str, prefix: str) -> str:
+        return f"{head}{prefix}{self.rng.randint(0, 99):02d}"
+
     def _digits(self, n: int) -> str:
         return str(self.rng.randint(10 ** (n - 1), 10**n - 1))
 
@@ -294,6 +297,9 @@ class _World:
             first, last = rng.choice(_FIRST), rng.choice(_LAST)
             uid = self._unique(partial(self._tagged, f"{first}_{last}_".lower(), ""))
             city, state, prefix = rng.choice(_CITIES)
+            # Name and zip identify a user (tau-bench's second lookup), so no two share both.
+            zip_code = self._unique(partial(self._tagged_zip, f"{first}|{last}|", prefix))
+            zip_code = zip_code.rsplit("|", 1)[1]
             sources = rng.sample(
                 ("credit_card", "paypal", "gift_card"), rng.choice((1, 1, 2, 2, 3))
             )
@@ -308,7 +314,7 @@ class _World:
                     "city": city,
                     "country": "USA",
                     "state": state,
-                    "zip": f"{prefix}{rng.randint(0, 99):02d}",
+                    "zip": zip_code,
                 },
                 "email": self._unique(
                     partial(self._tagged, f"{first}.{last}".lower(), "@example.com")
