@@ -58,17 +58,25 @@ DEFAULT_SYSTEM = (
 )
 #: Scenario -> weight; a scenario no user fits falls back to ``browse``.
 SCENARIOS: dict[str, float] = {
-    "browse": 0.1,
-    "cancel": 0.12,
-    "modify_items": 0.15,
-    "modify_address": 0.1,
-    "modify_payment": 0.12,
-    "user_address": 0.08,
-    "return": 0.12,
+    "browse": 0.08,
+    "cancel": 0.1,
+    "modify_items": 0.14,
+    "modify_address": 0.13,
+    "modify_payment": 0.11,
+    "user_address": 0.12,
+    "return": 0.11,
     "exchange": 0.16,
     "transfer": 0.05,
 }
-FOLLOWUPS = ("browse", "cancel", "modify_address", "modify_payment", "return", "exchange")
+FOLLOWUPS = (
+    "browse",
+    "cancel",
+    "modify_address",
+    "modify_payment",
+    "user_address",
+    "return",
+    "exchange",
+)
 FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
 RECOVER_SHARE = 0.75  # after a wrong call, the agent retries correctly; otherwise it gives up
 TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
@@ -133,7 +141,8 @@ def _can_pay(state: State, user_id: str, pid: str, amount: float) -> bool:
 def _address(rng: random.Random, old: Mapping[str, Any], *, move: bool) -> Args:
     """A new address: a new apartment in the same building, or a move to another city."""
     if not move:
-        return {**old, "address2": f"Apt {rng.randint(1, 40)}{rng.choice('ABCD')}"}
+        unit = rng.choice(("Apt", "Suite", "Unit"))
+        return {**old, "address2": f"{unit} {rng.randint(1, 999)}"}
     city, state, prefix = rng.choice(_CITIES)
     return {
         "address1": f"{rng.randint(1, 999)} {rng.choice(_STREETS)}",
@@ -542,7 +551,7 @@ def _return(ep: _Episode) -> str:
 def _modify_address(ep: _Episode) -> str:
     order = _target(ep, "pending")
     oid = order["order_id"]
-    address = _address(ep.rng, order["address"], move=ep.rng.random() < 0.5)
+    address = _address(ep.rng, order["address"], move=ep.rng.random() < 0.4)
     where = f"{address['address1']} {address['address2']}, {address['city']}"
     ep.request(f"Please ship order {oid} to {where}.")
     ep.authenticate()
@@ -584,7 +593,7 @@ def _payable_elsewhere(state: State, order: dict[str, Any]) -> bool:
 
 def _user_address(ep: _Episode) -> str:
     user = ep.state["users"][ep.user_id]
-    address = _address(ep.rng, user["address"], move=ep.rng.random() < 0.4)
+    address = _address(ep.rng, user["address"], move=ep.rng.random() < 0.3)
     where = f"{address['address1']} {address['address2']}, {address['city']} {address['zip']}"
     ep.request(f"I moved: my address is now {where}.")
     ep.authenticate()
