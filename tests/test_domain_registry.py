@@ -151,11 +151,11 @@ def test_the_builtin_airline_registers_through_the_entry_point_group() -> None:
 
 def test_a_third_party_domain_is_found_through_its_entry_point(site: Path) -> None:
     _install(site, "shop_plugin", {"shop": "shop_plugin:plugin"})
-    assert available_domains() == ["airline", "shop"]
+    assert available_domains() == ["airline", "retail", "shop"]
     # Listing the names imports nothing: registration is no import side effect.
     assert "shop_plugin" not in sys.modules
-    assert available_domains("slicing") == ["airline", "shop"]
-    assert available_domains("sampler") == ["airline"]
+    assert available_domains("slicing") == ["airline", "retail", "shop"]
+    assert available_domains("sampler") == ["airline", "retail"]
     env = get_environment("shop", seed=2)
     assert env.execute("add", {"item": "i1"}) == "3"
     assert get_plugin("shop").pack is not None
@@ -201,16 +201,18 @@ def test_a_broken_plugin_is_a_config_error_naming_it(site: Path, target: str, me
         get_plugin("shop")
     assert info.value.key_path == "domain"
     assert get_plugin("airline").name == "airline"  # one broken plug-in does not hide the rest
-    assert available_domains("environment") == ["airline"]
+    assert available_domains("environment") == ["airline", "retail"]
 
 
 def test_unknown_domains_and_missing_parts_name_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown domain 'retail'; known domains: airline"):
-        get_plugin("retail")
+    with pytest.raises(
+        ConfigError, match=r"unknown domain 'hotel'; known domains: airline, retail"
+    ):
+        get_plugin("hotel")
     register_domain(DomainPlugin("bare"))
     try:
         with pytest.raises(
-            ConfigError, match="'bare' supplies no grounding; domains that do: airline"
+            ConfigError, match="'bare' supplies no grounding; domains that do: airline, retail"
         ):
             get_plugin("bare", needs="grounding")
         with pytest.raises(ConfigError, match="already registered"):

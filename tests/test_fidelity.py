@@ -238,7 +238,7 @@ def test_cli_exit_codes_and_mismatch_file(
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["--domain", "retail"], 2, "unknown domain 'retail'; known domains: airline"),
+        (["--domain", "hotel"], 2, "unknown domain 'hotel'; known domains: airline, retail"),
         (["--domain", "airline", "--rename", "nope"], 2, "OLD=NEW"),
         (["--domain", "airline", "--db", "/nonexistent"], 2, "cannot read"),
     ],

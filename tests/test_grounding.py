@@ -168,7 +168,7 @@ def test_fresh_env_refuses_a_scenario_of_another_world(world: GroundingWorld) ->
 @pytest.mark.parametrize(
     ("args", "key"),
     [
-        ({"domain": "retail"}, "domain"),
+        ({"domain": "hotel"}, "domain"),
         ({"sizes": {"n_planes": 3}}, "world_sizes"),
         ({"sizes": {"n_users": 0, "n_reservations": 0}}, "world_sizes"),
         ({"sizes": {"n_users": -1}}, "world_sizes"),

@@ -183,8 +183,8 @@ def test_arguments_must_be_objects(world: AirlineEnv) -> None:
 
 def test_unknown_domain_has_no_slices(world: AirlineEnv) -> None:
     env = world.copy()
-    env.domain = "retail"  # type: ignore[misc]
-    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
+    env.domain = "hotel"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="unknown domain 'hotel'; known domains: airline, retail"):
         list(decompose_calls([("think", {"thought": "x"})], env, env_id="w"))
 
 
@@ -241,8 +241,8 @@ def test_tool_source_includes_the_constants_that_decide_the_outcome() -> None:
 
 def test_tool_source_of_unknown_tools_is_none() -> None:
     assert tool_source("airline", "fly_me") is None
-    with pytest.raises(ConfigError, match="unknown domain 'retail'; known domains: airline"):
-        tool_source("retail", "think")
+    with pytest.raises(ConfigError, match="unknown domain 'hotel'; known domains: airline, retail"):
+        tool_source("hotel", "think")
 
 
 # --- the 200 recorded tau-bench trajectories ----------------------------------------------------
