@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from factory.bench import STORM_DEFECTS, bench_amplify, bench_storm, default_recipe
@@ -70,9 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep each run's devserver request log (clean.jsonl, storm.jsonl) in DIR",
     )
     se = sub.add_parser("simenv", help="environment server steps/s vs the LLM's limit C/L")
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "taubench-airline"
-    se.add_argument("--tasks", default=str(shared / "gpt-4o-airline.json"))
-    se.add_argument("--db", default=str(shared))
+    # The domain and its data are named on the command line (the engine names no domain),
+    # e.g. --domain airline --tasks ../shared/data/taubench-airline/gpt-4o-airline.json
+    # --db ../shared/data/taubench-airline (BENCHMARKS.md).
+    se.add_argument("--domain", required=True, help="a registered domain with an executor")
+    se.add_argument("--tasks", required=True, help="tau-bench-style task file")
+    se.add_argument("--db", required=True, help="the domain's database folder")
     se.add_argument("--mode", default="hybrid", choices=("executor", "hybrid", "llm"))
     se.add_argument("--episodes", type=int, default=64, help="episodes in flight")
     se.add_argument("--duration", type=float, default=60.0, help="seconds of episodes")

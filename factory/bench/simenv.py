@@ -74,7 +74,7 @@ def bench_simenv(args: Any) -> dict[str, Any]:
     port = args.port
     url = f"http://127.0.0.1:{port}"
     cmd = [
-        sys.executable, "-m", "factory.simenv", "serve", "--domain", "airline",
+        sys.executable, "-m", "factory.simenv", "serve", "--domain", args.domain,
         "--mode", args.mode, "--tasks", str(args.tasks), "--db", str(args.db),
         "--base-url", dev.url, "--port", str(port),
         "--max-sessions", str(args.episodes + 8), "--concurrency", str(args.concurrency * 2),

@@ -5,9 +5,9 @@ Registered through the ``factory.domains`` entry point group in
 same hook the airline and any third-party domain use; importing this module
 registers nothing. Heavy parts import lazily so loading the plug-in stays cheap.
 
-The data pack (``prompts/retail/``, ``filters/retail.yaml``) and the
-development server's hooks (``factory.envs.retail.devserver``) are set only
-when they exist in the tree, so the plug-in works before and after they land.
+The data pack (``prompts/retail/``, ``filters/retail.yaml``) is found in the tree
+when the package sits in a checkout; the development server's hooks are
+``factory.envs.retail.devserver``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _pack() -> DataPack | None:
 
 def plugin() -> DomainPlugin:
     """The retail plug-in (the entry point's target)."""
-    from factory.envs.retail import sampler
+    from factory.envs.retail import devserver, sampler
     from factory.envs.retail.world import generate_world
 
     return DomainPlugin(
@@ -89,6 +89,12 @@ def plugin() -> DomainPlugin:
             sample_episode=sampler.sample_episode,
         ),
         grounding=_grounding,
-        # The development server's hooks (factory.envs.retail.devserver) are wired in when
-        # that module lands; until then a devserver run reports the part as missing.
+        devserver=devserver.devserver_hooks(_world_over),
     )
+
+
+def _world_over(state: dict[str, Any]) -> Environment:
+    """The retail world over a state the development server read from a prompt."""
+    from factory.envs.retail import RetailEnv
+
+    return RetailEnv(state)
