@@ -85,6 +85,14 @@ class DevServerConfig:
     fail_after: int | None = None
     sim_drop_change: float = 0.0
     wrong_observation: float = 0.0
+    # Batch API (``factory.devserver.batches``): seconds a batch takes, share of its
+    # requests answered with an error line, the first N batches created that fail
+    # validation, the next M that expire after answering ``batch_expire_keep`` of them.
+    batch_delay_s: float = 1.0
+    batch_error_rate: float = 0.0
+    batch_fail_first: int = 0
+    batch_expire_first: int = 0
+    batch_expire_keep: float = 0.5
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -101,14 +109,16 @@ class DevServerConfig:
             raise ConfigError(
                 "needs latency 'lognormal' and a ratio >= 1", key_path="devserver.latency_p99_ratio"
             )
-        for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s"):
+        for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s",
+                    "batch_delay_s"):  # fmt: skip
             if getattr(self, key) < 0:
                 raise ConfigError("must be >= 0", key_path=f"devserver.{key}")
         if self.max_concurrency < 1:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
-        for key in ("sim_drop_change", "wrong_observation"):
+        rates = ("sim_drop_change", "wrong_observation", "batch_error_rate", "batch_expire_keep")
+        for key in rates:
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError("must be within [0, 1]", key_path=f"devserver.{key}")
         if self.fail_after is not None and self.fail_after < 0:
@@ -627,6 +637,9 @@ def build_app(config: DevServerConfig) -> web.Application:
     app.router.add_get("/stats", _stats)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/admin/stop", _admin_stop)
+    from factory.devserver import batches  # imports this module: not at the top
+
+    batches.add_routes(app)
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app
