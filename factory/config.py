@@ -161,8 +161,8 @@ class PriceConfig(_Strict):
         gt=0,
         le=1,
         description="Share of these prices paid through a batch API (llm.backend: "
-        "openai_batch; OpenAI's Batch tier: 0.5). Default: the built-in batch price of a "
-        "listed model, else the full price.",
+        "openai_batch; OpenAI's Batch tier: 0.5). Default: 0.5 for a model the built-in "
+        "price table lists (factory.llm.pricing), else 1.",
     )
 
 

@@ -98,8 +98,11 @@ def test_batch_prices_are_half_the_online_rate_for_gpt5_and_o4_mini() -> None:
     )
     mine = recipe.lookup_batch("mine")
     assert mine is not None and (mine.input_per_mtok, mine.output_per_mtok) == (1.0, 4.0)
-    overridden = recipe.lookup_batch("gpt-5")  # a recipe price states no discount
-    assert overridden is not None and overridden.output_per_mtok == 9.0
+    overridden = recipe.lookup_batch("gpt-5")  # a listed model: the Batch tier's share
+    assert overridden is not None and overridden.output_per_mtok == 4.5
+    plain = PriceTable.from_config({"local": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}})
+    unlisted = plain.lookup_batch("local")  # no discount nobody stated
+    assert unlisted is not None and unlisted.output_per_mtok == 2.0
 
 
 def test_batches_are_split_submitted_polled_and_mapped_back(devserver, tmp_path) -> None:

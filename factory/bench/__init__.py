@@ -69,16 +69,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
-    """The one ``amplify`` recipe shipped in ``pipelines/`` (the default of ``--recipe``).
+    """The one online ``amplify`` recipe shipped in ``pipelines/`` (default of ``--recipe``).
 
     Raises:
         ConfigError: none, or more than one, is shipped (pass ``--recipe``).
     """
     from factory.config import load_recipe
+    from factory.llm.backends import get_backend
 
-    found = [
-        path for path in sorted(pipelines.glob("*.yaml")) if load_recipe(path).pipeline == "amplify"
-    ]
+    def online_amplify(path: Path) -> bool:  # a batch API's answers take hours: not timed
+        cfg = load_recipe(path)
+        return cfg.pipeline == "amplify" and not (cfg.llm and get_backend(cfg.llm.backend).batched)
+
+    found = [path for path in sorted(pipelines.glob("*.yaml")) if online_amplify(path)]
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or f"none in {pipelines}"
         raise ConfigError(f"pass --recipe: amplify recipes shipped: {names}", key_path="recipe")

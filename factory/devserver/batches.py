@@ -27,29 +27,39 @@ live batches and none was answered twice.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from factory.devserver import app as devapp
-from factory.devserver import simulate
-
-__all__ = ["MAX_FILE_BYTES", "MAX_REQUESTS", "add_routes"]
+__all__ = ["MAX_FILE_BYTES", "MAX_REQUESTS", "BatchHooks", "add_routes"]
 
 MAX_REQUESTS = 50_000  # OpenAI's limits per batch input file
 MAX_FILE_BYTES = 200 * 1024 * 1024
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
+@dataclass(frozen=True)
+class BatchHooks:
+    """What the batch endpoints take from the server (``factory.devserver.app``), which
+    imports this module: its config (``batch_*`` fields, ``seed``), how it answers one
+    chat completion body, and its request log."""
+
+    config: Any
+    answer: Callable[[dict[str, Any]], dict[str, Any]]
+    log: Callable[..., None]
+
+
 class _Batches:
     """Files and batches of one server (in memory), and the tasks that process them."""
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: BatchHooks) -> None:
+        self.hooks = hooks
         self.files: dict[str, dict[str, Any]] = {}
         self.batches: dict[str, dict[str, Any]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -79,9 +89,11 @@ def _public(f: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in f.items() if k != "data"}
 
 
-def _log(state: devapp._State, **row: Any) -> None:
-    if state.log is not None:
-        state.log.write(json.dumps({"time": round(time.time(), 6), **row}) + "\n")
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    """An error body shaped like OpenAI's (``invalid_request_error``)."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                      "code": None}}  # fmt: skip
+    return web.json_response(body, status=status)
 
 
 async def _upload(request: web.Request) -> web.Response:
@@ -90,9 +102,9 @@ async def _upload(request: web.Request) -> web.Response:
     upload = form.get("file")
     purpose = str(form.get("purpose") or "")
     if not isinstance(upload, web.FileField):
-        return devapp._error(400, "'file' is a required field.", "invalid_request_error", "file")
+        return _error(400, "'file' is a required field.", "file")
     if purpose != "batch":
-        return devapp._error(400, "purpose must be 'batch'.", "invalid_request_error", "purpose")
+        return _error(400, "purpose must be 'batch'.", "purpose")
     data = upload.file.read()
     return web.json_response(books.add_file(data, purpose, upload.filename or "input.jsonl"))
 
@@ -104,33 +116,30 @@ def _file(request: web.Request) -> dict[str, Any] | None:
 async def _file_info(request: web.Request) -> web.Response:
     f = _file(request)
     if f is None:
-        return devapp._error(404, "No such File object.", "invalid_request_error", "id")
+        return _error(404, "No such File object.", "id")
     return web.json_response(_public(f))
 
 
 async def _file_content(request: web.Request) -> web.Response:
     f = _file(request)
     if f is None:
-        return devapp._error(404, "No such File object.", "invalid_request_error", "id")
+        return _error(404, "No such File object.", "id")
     return web.Response(body=f["data"], content_type="application/octet-stream")
 
 
 async def _create(request: web.Request) -> web.Response:
     books = request.app[_BATCHES]
-    state = request.app[devapp._STATE]
     try:
         payload = await request.json()
     except ValueError:
-        return devapp._error(400, "The request body is not valid JSON.", "invalid_request_error")
+        return _error(400, "The request body is not valid JSON.")
     fid = payload.get("input_file_id") if isinstance(payload, dict) else None
     if fid not in books.files:
-        return devapp._error(400, "input_file_id does not exist.", "invalid_request_error")
+        return _error(400, "input_file_id does not exist.", "input_file_id")
     if payload.get("endpoint") != "/v1/chat/completions":
-        return devapp._error(400, "unsupported endpoint.", "invalid_request_error", "endpoint")
+        return _error(400, "unsupported endpoint.", "endpoint")
     if payload.get("completion_window") != "24h":
-        return devapp._error(
-            400, "completion_window must be '24h'.", "invalid_request_error", "completion_window"
-        )
+        return _error(400, "completion_window must be '24h'.", "completion_window")
     now = int(time.time())
     bid = f"batch_{uuid.uuid4().hex[:24]}"
     batch: dict[str, Any] = {
@@ -158,7 +167,7 @@ async def _create(request: web.Request) -> web.Response:
     books.batches[bid] = batch
     index = books.created
     books.created += 1
-    task = asyncio.get_running_loop().create_task(_process(state, books, batch, index))
+    task = asyncio.get_running_loop().create_task(_process(books, batch, index))
     books.tasks[bid] = task
     return web.json_response(batch)
 
@@ -170,7 +179,7 @@ def _get_batch(request: web.Request) -> dict[str, Any] | None:
 async def _retrieve(request: web.Request) -> web.Response:
     batch = _get_batch(request)
     if batch is None:
-        return devapp._error(404, "No such batch.", "invalid_request_error", "batch_id")
+        return _error(404, "No such batch.", "batch_id")
     return web.json_response(batch)
 
 
@@ -183,11 +192,9 @@ async def _list(request: web.Request) -> web.Response:
 async def _cancel(request: web.Request) -> web.Response:
     batch = _get_batch(request)
     if batch is None:
-        return devapp._error(404, "No such batch.", "invalid_request_error", "batch_id")
+        return _error(404, "No such batch.", "batch_id")
     if batch["status"] in TERMINAL:
-        return devapp._error(
-            409, f"Cannot cancel a batch with status {batch['status']}.", "invalid_request_error"
-        )
+        return _error(409, f"Cannot cancel a batch with status {batch['status']}.")
     request.app[_BATCHES].cancel.add(batch["id"])
     batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
     return web.json_response(batch)
@@ -221,68 +228,32 @@ def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], str | None]:
     return lines, None
 
 
-def _answer(state: devapp._State, body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completion body for one batch line (the same answers as ``/chat``)."""
-    raw = json.dumps(body, sort_keys=True).encode()
-    digest = hashlib.blake2b(raw, digest_size=16).digest()
-    drng = random.Random(devapp._seed_int(state.config.seed, digest, "batch"))
-    kind = simulate.prompt_kind(body["messages"])
-    content, _applied, finish, _events = devapp._complete(body, kind, state, digest, None, drng)
-    prompt_tokens, cached = state.prompt_usage(body["model"], body["messages"], body.get("tools"))
-    completion_tokens = devapp._tokens(content)
-    state.counts["completed"] += 1
-    state.counts["prompt_tokens"] += prompt_tokens
-    state.counts["completion_tokens"] += completion_tokens
-    return {
-        "id": f"chatcmpl-{digest.hex()[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body["model"],
-        "system_fingerprint": devapp.FINGERPRINT,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        },
-    }
-
-
-def _errored(state: devapp._State, books: _Batches, custom_id: str) -> bool:
+def _errored(books: _Batches, custom_id: str) -> bool:
     """Does this request get a per-request error (drawn per custom id and attempt)?"""
-    rate = state.config.batch_error_rate
+    rate = books.hooks.config.batch_error_rate
     attempt = books.attempts.get(custom_id, 0)
     books.attempts[custom_id] = attempt + 1
     if not rate:
         return False
-    digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
-    return random.Random(devapp._seed_int(state.config.seed, digest, f"b{attempt}")).random() < rate
+    seed = books.hooks.config.seed
+    return random.Random(f"{seed}:{custom_id}:{attempt}").random() < rate
 
 
-async def _process(
-    state: devapp._State, books: _Batches, batch: dict[str, Any], index: int
-) -> None:
+async def _process(books: _Batches, batch: dict[str, Any], index: int) -> None:
     """Run one batch: validate, answer its lines one by one, write its files."""
-    cfg = state.config
+    cfg = books.hooks.config
+    _log = books.hooks.log
     bid = batch["id"]
     lines, problem = _parse_lines(books.files[batch["input_file_id"]]["data"])
     for line in lines:
-        _log(state, kind="batch_submit", batch_id=bid, request_id=line["custom_id"])
+        _log(kind="batch_submit", batch_id=bid, request_id=line["custom_id"])
     await asyncio.sleep(cfg.batch_delay_s * 0.1)
     if problem is None and index < cfg.batch_fail_first:
         problem = "simulated validation failure (devserver batch_fail_first)"
     if problem is not None:
         batch.update(status="failed", failed_at=int(time.time()))
         batch["errors"] = {"object": "list", "data": [{"code": "invalid_file", "message": problem}]}
-        _log(state, kind="batch_end", batch_id=bid, status="failed")
+        _log(kind="batch_end", batch_id=bid, status="failed")
         return
     expire_at: int | None = None
     if cfg.batch_fail_first <= index < cfg.batch_fail_first + cfg.batch_expire_first:
@@ -304,7 +275,7 @@ async def _process(
         await asyncio.sleep(per_line)
         cid = line["custom_id"]
         rid = f"req_{uuid.uuid4().hex[:24]}"
-        if _errored(state, books, cid):
+        if _errored(books, cid):
             body = {"error": {"message": "The server had an error (simulated).",
                               "type": "server_error", "param": None, "code": None}}  # fmt: skip
             entry = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": cid,
@@ -312,15 +283,15 @@ async def _process(
                      "error": None}  # fmt: skip
             err.append(json.dumps(entry))
             counts["failed"] += 1
-            _log(state, kind="batch", batch_id=bid, request_id=cid, status=500, completed=False)
+            _log(kind="batch", batch_id=bid, request_id=cid, status=500, completed=False)
             continue
-        answer = _answer(state, line["body"])
+        answer = books.hooks.answer(line["body"])
         entry = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": cid,
                  "response": {"status_code": 200, "request_id": rid, "body": answer},
                  "error": None}  # fmt: skip
         out.append(json.dumps(entry, ensure_ascii=False))
         counts["completed"] += 1
-        _log(state, kind="batch", batch_id=bid, request_id=cid, status=200, completed=True)
+        _log(kind="batch", batch_id=bid, request_id=cid, status=200, completed=True)
     if end_status != "completed":
         message = {
             "batch_expired": "This request could not be executed before the completion "
@@ -350,12 +321,12 @@ async def _process(
             end_status
         ]
     ] = now
-    _log(state, kind="batch_end", batch_id=bid, status=end_status)
+    _log(kind="batch_end", batch_id=bid, status=end_status)
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, hooks: BatchHooks) -> None:
     """Serve the Files and Batch endpoints on ``app`` (built by ``app.build_app``)."""
-    app[_BATCHES] = _Batches()
+    app[_BATCHES] = _Batches(hooks)
     app.router.add_post("/v1/files", _upload)
     app.router.add_get("/v1/files/{file_id}", _file_info)
     app.router.add_get("/v1/files/{file_id}/content", _file_content)

@@ -79,8 +79,8 @@ DEFAULT_PRICES: dict[str, Price] = {
 # The Batch tier of the same page, as of the same date: half the Standard rate, input,
 # cached input and output alike (OpenAI Batch API, 24h completion window). A model not
 # listed here is priced at its online rate in a batch unless the recipe gives its
-# ``prices.<model>.batch_share``; a recipe price without it keeps the online rate
-# (never a discount nobody stated).
+# ``prices.<model>.batch_share`` (never a discount nobody stated); a recipe price of a
+# listed model gets the Batch tier's share of it.
 BATCH_PRICES_SOURCE = "https://openai.com/api/pricing/ (Batch tier)"
 _BATCH_SHARE = 0.5
 DEFAULT_BATCH_PRICES: dict[str, Price] = {
@@ -186,9 +186,11 @@ class PriceTable:
         self._prices: dict[str, Price] = dict(DEFAULT_PRICES) if defaults else {}
         self._prices.update(prices or {})
         self._batch: dict[str, Price] = dict(DEFAULT_BATCH_PRICES) if defaults else {}
-        for model in prices or {}:  # a recipe price replaces the built-in batch price too
-            self._batch.pop(model, None)
-        for model, share in (batch_shares or {}).items():
+        shares = dict(batch_shares or {})
+        for model in prices or {}:  # a recipe price of a listed model: the Batch tier's share
+            if model in DEFAULT_BATCH_PRICES:
+                shares.setdefault(model, _BATCH_SHARE)
+        for model, share in shares.items():
             online = self._prices.get(model)
             if online is not None:
                 self._batch[model] = Price(
