@@ -201,6 +201,7 @@ class BatchBackend(Backend):
         self.journal: BatchJournal = journal if journal is not None else MemoryJournal()
         self._sleep = sleep
         self._entries: dict[str, dict[str, Any]] | None = None
+        self._index: dict[str, list[str]] = {}  # request id -> keys of its batches
         self._outputs: dict[str, dict[str, Completion | LLMError]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._totals: dict[str, float] = {"calls": 0, "failed": 0, "batches": 0, "cost_usd": 0.0}
@@ -208,15 +209,27 @@ class BatchBackend(Backend):
     # -- the journal -------------------------------------------------------------------
     def _journal(self) -> dict[str, dict[str, Any]]:
         if self._entries is None:
-            self._entries = {str(e["key"]): dict(e) for e in self.journal.load()}
+            self._entries = {}
+            for entry in self.journal.load():
+                self._remember(dict(entry))
         return self._entries
 
+    def _remember(self, entry: dict[str, Any]) -> None:
+        assert self._entries is not None
+        if entry["key"] not in self._entries:
+            for rid in entry["request_ids"]:
+                self._index.setdefault(rid, []).append(entry["key"])
+        self._entries[entry["key"]] = entry
+
     def _save(self, entry: dict[str, Any]) -> None:
-        self._journal()[entry["key"]] = entry
+        self._journal()
+        self._remember(entry)
         self.journal.save(entry)
 
     def _batches_of(self, rid: str) -> list[dict[str, Any]]:
-        return [e for e in self._journal().values() if rid in e["request_ids"]]
+        """The batches holding ``rid`` (an index: a 90k-request run asks 90k times)."""
+        entries = self._journal()
+        return [entries[key] for key in self._index.get(rid, ())]
 
     # -- HTTP ----------------------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
