@@ -221,7 +221,16 @@ def test_a_restarted_backend_reattaches_and_submits_nothing_twice(
         entry = journal.load()[0]
         journal.save({**entry, "batch_id": None, "status": "submitting"})
     second = _backend(server.url, journal, max_requests_per_file=3)
+    watched: Counter[str] = Counter()
+    results_of = second._results
+
+    async def counted(entry: dict[str, Any]) -> Any:
+        watched[entry["key"]] += 1
+        return await results_of(entry)
+
+    second._results = counted  # type: ignore[method-assign]
     results = asyncio.run(_collect(second, requests))
+    assert sorted(watched.values()) == [1, 1]  # each batch watched once, not once per request
     assert all(r.completion is not None for r in results.values())
     lines = _log(log)
     assert _submitted(lines) == Counter({r.request_id: 1 for r in requests})

@@ -414,12 +414,14 @@ class BatchBackend(Backend):
 
         try:
             fresh = []
+            attach: dict[str, dict[str, Any]] = {}
             for request in requests:
                 known = self._batches_of(request.request_id)
                 if not known:
                     fresh.append(request)
-                for entry in known:  # re-attach: never submitted again while it lives
-                    watch(entry)
+                attach.update((e["key"], e) for e in known)
+            for entry in attach.values():  # re-attach, once per batch: never submitted again
+                watch(entry)
             if fresh:
                 for result in await submit(fresh):
                     pending.pop(result.request_id, None)
