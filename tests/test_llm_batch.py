@@ -245,3 +245,18 @@ def test_memory_journal_is_used_without_an_output_folder(devserver) -> None:
     assert all(r.completion is not None for r in results.values())
     assert isinstance(backend.journal, MemoryJournal)
     assert [e["status"] for e in backend.journal.load()] == ["completed"]
+
+
+def test_progress_line_shows_batches_by_state_and_requests_done(tmp_path) -> None:
+    from factory.engine.jobs.amplify import batch_line
+
+    journal = BatchJournal(tmp_path)
+    assert batch_line(batch_summary(tmp_path)) is None  # no batch: no line
+    for key, status, done in (("a", "completed", 3), ("b", "in_progress", 1), ("c", "expired", 1)):
+        journal.save(
+            {"key": key, "batch_id": f"batch_{key}", "status": status, "request_ids": ["x"] * 3,
+             "request_counts": {"total": 3, "completed": done, "failed": 2 if key == "c" else 0}}
+        )  # fmt: skip
+    assert batch_line(batch_summary(tmp_path)) == (
+        "batches: 1 completed, 1 expired, 1 in_progress; requests 5/9 done, 2 failed"
+    )
