@@ -260,3 +260,52 @@ def test_progress_line_shows_batches_by_state_and_requests_done(tmp_path) -> Non
     assert batch_line(batch_summary(tmp_path)) == (
         "batches: 1 completed, 1 expired, 1 in_progress; requests 5/9 done, 2 failed"
     )
+
+
+def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
+    devserver, tmp_path
+) -> None:
+    """The same stage (render, cache, record) as the online path; only the call differs.
+    No Ray: the stage is driven directly, as an actor would."""
+    from factory.config import load_recipe
+    from factory.core.formats import parse_record
+    from factory.engine.stages.amplify import AmplifyStage
+
+    from .conftest import ROOT
+
+    log = tmp_path / "requests.jsonl"
+    server = devserver(batch_delay_s=0.3, request_log=str(log))
+    cfg = load_recipe(
+        ROOT / "pipelines" / "airline-batch.yaml",
+        [
+            f"output.dir={tmp_path / 'out'}",
+            "amplify.max_cost_usd=null",  # no budget actor (no Ray here)
+            "llm.endpoints=" + json.dumps([{"base_url": server.url}]),
+            "llm.backend_options={poll_interval_s: 0.05, poll_max_s: 0.3}",
+        ],
+    )
+    lines = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[:3]
+    kept = {}
+    for i, line in enumerate(lines):
+        traj = parse_record(json.loads(line), source=f"s:{i}")
+        kept[traj.id] = traj.to_json()
+    rows = [{"status": "ok", "call_index": i, "id": None} for i in range(6)]
+
+    async def go(stage: AmplifyStage) -> list[dict[str, Any]]:
+        try:
+            return await stage.arun_rows([dict(r) for r in rows])
+        finally:
+            await stage.backend.aclose()
+            if stage.cache is not None:
+                stage.cache.close()
+
+    out = asyncio.run(go(AmplifyStage(cfg, kept)))
+    assert [r["status"] for r in out] == ["ok"] * 6
+    assert all(r["completion"] and r["cached"] is False and r["paid_usd"] > 0 for r in out)
+    summary = batch_summary(tmp_path / "out")
+    assert summary is not None and summary["count"] == 1  # one actor's rows: one batch
+    assert summary["by_status"] == {"completed": 1}
+    again = asyncio.run(go(AmplifyStage(cfg, kept)))  # a rerun: all from the cache
+    assert all(r["cached"] is True and r["paid_usd"] == 0.0 for r in again)
+    assert batch_summary(tmp_path / "out")["count"] == 1  # type: ignore[index]
+    assert sum(1 for r in _log(log) if r.get("kind") == "batch_submit") == 6
