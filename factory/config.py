@@ -158,6 +158,14 @@ class PriceConfig(_Strict):
         None, ge=0, description="USD per million cached prompt tokens (default: input price)."
     )
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
+    batch_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of these prices paid through a batch API (llm.backend: "
+        "openai_batch; OpenAI's Batch tier: 0.5). Default: 0.5 for a model the built-in "
+        "price table lists (factory.llm.pricing), else 1.",
+    )
 
 
 VLLM_COMMAND = [

@@ -157,7 +157,8 @@ def _interrupted(signame: str, argv: list[str]) -> int:
 # max_cost_usd cap works offline as it would against the real model (a cap over an
 # unpriced model is refused).
 DEVSERVER_PRICE = (
-    "prices.factory-dev={input_per_mtok: 1.25, cached_input_per_mtok: 0.125, output_per_mtok: 10.0}"
+    "prices.factory-dev={input_per_mtok: 1.25, cached_input_per_mtok: 0.125, "
+    "output_per_mtok: 10.0, batch_share: 0.5}"
 )
 
 

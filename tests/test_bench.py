@@ -29,12 +29,13 @@ def test_default_recipe_is_the_one_shipped_amplify_recipe() -> None:
     assert default_recipe() == ROOT / "pipelines/airline.yaml"
 
 
-def test_two_amplify_recipes_need_recipe(tmp_path: Path) -> None:
+def test_of_several_amplify_recipes_the_first_by_name_is_timed(tmp_path: Path) -> None:
     seeds = ROOT / "seeds/airline/seeds.jsonl"
-    for name in ("one.yaml", "two.yaml"):
+    for name in ("two.yaml", "one.yaml"):
         _recipe_copy(tmp_path, name, seeds)
-    with pytest.raises(ConfigError, match=r"pass --recipe.*one\.yaml, two\.yaml"):
-        default_recipe(tmp_path)
+    assert default_recipe(tmp_path) == tmp_path / "one.yaml"
+    with pytest.raises(ConfigError, match="pass --recipe: no online amplify recipe"):
+        default_recipe(tmp_path / "empty")
 
 
 def test_bench_seeds_come_from_the_recipe(tmp_path: Path) -> None:

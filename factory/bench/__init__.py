@@ -69,24 +69,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
-    """The one ``amplify`` recipe shipped in ``pipelines/`` (the default of ``--recipe``)
-    that calls endpoints: one that starts its own servers (``llm.serve``) cannot be
-    pointed at the benchmark's development server.
+    """The ``amplify`` recipe the benchmarks time unless ``--recipe`` names one: the
+    first, by file name, of those in ``pipelines/`` that call endpoints online for one
+    domain. Not a batch API's (answers take hours), not one that starts its own servers
+    (``llm.serve``: it cannot be pointed at the benchmark's development server), not a
+    mixed recipe (``parts``). The report names the recipe it used.
 
     Raises:
-        ConfigError: none, or more than one, is shipped (pass ``--recipe``).
+        ConfigError: none is shipped (pass ``--recipe``).
     """
     from factory.config import load_recipe
+    from factory.llm.backends import get_backend
 
-    recipes = [(path, load_recipe(path)) for path in sorted(pipelines.glob("*.yaml"))]
-    found = [
-        path
-        for path, cfg in recipes
-        if cfg.pipeline == "amplify" and (cfg.llm is None or cfg.llm.serve is None)
-    ]
-    if len(found) != 1:
-        names = ", ".join(p.name for p in found) or f"none in {pipelines}"
-        raise ConfigError(f"pass --recipe: amplify recipes shipped: {names}", key_path="recipe")
+    def timed(path: Path) -> bool:
+        cfg = load_recipe(path)
+        if cfg.pipeline != "amplify" or cfg.parts is not None:
+            return False
+        if cfg.llm is None:
+            return True
+        return cfg.llm.serve is None and not get_backend(cfg.llm.backend).batched
+
+    found = [path for path in sorted(pipelines.glob("*.yaml")) if timed(path)]
+    if not found:
+        raise ConfigError(
+            f"pass --recipe: no online amplify recipe in {pipelines}", key_path="recipe"
+        )
     return found[0]
 
 
@@ -282,6 +289,7 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
     limit = args.concurrency / mean_latency_s
     accepted = result.totals["accepted"]
     return {
+        "recipe": str(args.recipe),
         "seeds": args.seeds,
         "target": args.target,
         "accepted": accepted,
@@ -424,6 +432,7 @@ def bench_storm(args: argparse.Namespace) -> dict[str, Any]:
     done = all(r["finished"] and r["exit_code"] == 0 for r in (clean, storm))
     ratio = storm["wall_s"] / clean["wall_s"] if done else None
     return {
+        "recipe": str(args.recipe),
         "seeds": args.seeds,
         "target": args.target,
         "defects": args.defects,

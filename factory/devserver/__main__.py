@@ -97,6 +97,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="die (drop connections, stop listening) when request N+1 arrives",
     )
+    p.add_argument(
+        "--batch-delay",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="Batch API: seconds a batch takes from validating to completed",
+    )
+    p.add_argument(
+        "--batch-error-rate",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="Batch API: share of requests answered with an error line (500)",
+    )
+    p.add_argument(
+        "--batch-fail-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Batch API: the first N batches created fail validation",
+    )
+    p.add_argument(
+        "--batch-expire-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Batch API: the next N batches expire half-way (partial output)",
+    )
     return p  # fmt: skip
 
 
@@ -121,6 +149,10 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         sim_drop_change=args.sim_drop_change,
         wrong_observation=args.wrong_observation,
         repeat=args.repeat,
+        batch_delay_s=args.batch_delay,
+        batch_error_rate=args.batch_error_rate,
+        batch_fail_first=args.batch_fail_first,
+        batch_expire_first=args.batch_expire_first,
     )
 
 

@@ -22,6 +22,7 @@ app's configuration, its per-server state and the handlers that read it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -33,7 +34,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import grounded, roles, simulate
+from factory.devserver import batches, grounded, roles, simulate
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects"]
@@ -86,6 +87,14 @@ class DevServerConfig:
     sim_drop_change: float = 0.0
     wrong_observation: float = 0.0
     repeat: float = 0.0
+    # Batch API (``factory.devserver.batches``): seconds a batch takes, share of its
+    # requests answered with an error line, the first N batches created that fail
+    # validation, the next M that expire after answering ``batch_expire_keep`` of them.
+    batch_delay_s: float = 1.0
+    batch_error_rate: float = 0.0
+    batch_fail_first: int = 0
+    batch_expire_first: int = 0
+    batch_expire_keep: float = 0.5
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -102,14 +111,19 @@ class DevServerConfig:
             raise ConfigError(
                 "needs latency 'lognormal' and a ratio >= 1", key_path="devserver.latency_p99_ratio"
             )
-        for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s"):
+        for key in ("latency_ms", "latency_spread_ms", "retry_after_s", "stall_s",
+                    "batch_delay_s"):  # fmt: skip
             if getattr(self, key) < 0:
                 raise ConfigError("must be >= 0", key_path=f"devserver.{key}")
         if self.max_concurrency < 1:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
-        for key in ("sim_drop_change", "wrong_observation", "repeat"):
+        rates = (
+            "sim_drop_change", "wrong_observation", "repeat", "batch_error_rate",
+            "batch_expire_keep",
+        )  # fmt: skip
+        for key in rates:
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError("must be within [0, 1]", key_path=f"devserver.{key}")
         if self.fail_after is not None and self.fail_after < 0:
@@ -313,6 +327,11 @@ class _State:
                 "completed": status == 200,
             }
             self.log.write(json.dumps(row) + "\n")
+
+    def log_line(self, **row: Any) -> None:
+        """One line of the request log (the Batch API's events)."""
+        if self.log is not None:
+            self.log.write(json.dumps({"time": round(time.time(), 6), **row}) + "\n")
 
     # --- death -------------------------------------------------------------------------
     def die(self) -> None:
@@ -631,6 +650,44 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         )
 
 
+def _batch_answer(state: _State, body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion of one Batch API line: what ``/v1/chat/completions`` answers,
+    without transport defects or latency (the batch has its own delay)."""
+    raw = json.dumps(body, sort_keys=True).encode()
+    digest = hashlib.blake2b(raw, digest_size=16).digest()
+    drng = random.Random(_seed_int(state.config.seed, digest, "batch"))
+    kind = simulate.prompt_kind(body["messages"])
+    content, _applied, finish, events = _complete(body, kind, state, digest, None, drng)
+    prompt_tokens, cached = state.prompt_usage(body["model"], body["messages"], body.get("tools"))
+    completion_tokens = _tokens(content)
+    state.counts.update(events)
+    state.counts.update(
+        completed=1, prompt_tokens=prompt_tokens, cached_tokens=cached,
+        completion_tokens=completion_tokens,
+    )  # fmt: skip
+    return {
+        "id": f"chatcmpl-{digest.hex()[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body["model"],
+        "system_fingerprint": FINGERPRINT,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
+
+
 async def _open_log(app: web.Application) -> None:
     state = app[_STATE]
     if state.config.request_log:
@@ -646,13 +703,15 @@ async def _close_log(app: web.Application) -> None:
 
 def build_app(config: DevServerConfig) -> web.Application:
     """The aiohttp application (routes, state, request log hooks) for ``config``."""
-    app = web.Application()
-    app[_STATE] = _State(config)
+    app = web.Application(client_max_size=256 * 1024**2)  # a 200 MB batch input file
+    state = app[_STATE] = _State(config)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/stats", _stats)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/admin/stop", _admin_stop)
+    hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
+    batches.add_routes(app, hooks)
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app

@@ -39,6 +39,7 @@ class StagePlan:
     cached_tokens: int
     completion_tokens: int
     cost_usd: float | None  # None: the model has no price in the recipe
+    batch_cost_usd: float | None = None  # the same calls through a batch API (Batch tier)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -75,16 +76,21 @@ class Plan:
             lines.append("")
             lines.append(
                 f"{'stage':<11}{'model':<16}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
-                f"{'completion tok':>16}{'cost USD':>12}"
+                f"{'completion tok':>16}{'cost USD':>12}{'batch USD':>12}"
             )
             for s in self.stages:
                 cost = "unpriced" if s.cost_usd is None else f"{s.cost_usd:,.2f}"
+                batch = "unpriced" if s.batch_cost_usd is None else f"{s.batch_cost_usd:,.2f}"
                 lines.append(
                     f"{s.stage:<11}{s.model:<16}{s.calls:>9,}{s.prompt_tokens:>14,}"
-                    f"{s.cached_tokens:>14,}{s.completion_tokens:>16,}{cost:>12}"
+                    f"{s.cached_tokens:>14,}{s.completion_tokens:>16,}{cost:>12}{batch:>12}"
                 )
             priced = [s.cost_usd for s in self.stages if s.cost_usd is not None]
-            lines.append(f"estimated total cost: {sum(priced):,.2f} USD")
+            batched = [s.batch_cost_usd for s in self.stages if s.batch_cost_usd is not None]
+            lines.append(
+                f"estimated total cost: {sum(priced):,.2f} USD online, {sum(batched):,.2f} USD "
+                "through the Batch API (llm.backend: openai_batch)"
+            )
         for stage, messages in self.example_prompts.items():
             lines.append("")
             lines.append(f"--- example {stage} prompt ---")
@@ -94,8 +100,11 @@ class Plan:
         return "\n".join(lines)
 
 
-def _cost(cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int) -> float | None:
-    price = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()}).lookup(model)
+def _cost(
+    cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
+) -> float | None:
+    table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+    price = table.lookup_batch(model) if batch else table.lookup(model)
     if price is None:
         return None
     usage = {
@@ -126,6 +135,7 @@ def _stage(
         cached,
         completion,
         _cost(cfg, model, prompt, cached, completion),
+        _cost(cfg, model, prompt, cached, completion, batch=True),
     )
 
 

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,13 @@ from factory.errors import ConfigError, OutputLocked, OutputWriteError
 from factory.io.writer import atomic_write_text, writing
 
 __all__ = [
+    "BATCHES_DIR",
     "LOCK_FILE",
     "RESUMABLE",
     "UNSTORED_DIR",
+    "BatchJournal",
     "OutputLock",
+    "batch_summary",
     "changed_keys",
     "finish_run",
     "hold_output",
@@ -72,6 +75,7 @@ STATE_FILE = "run.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = "cache"  # the default cache location inside the output folder
 UNSTORED_DIR = "unstored"
+BATCHES_DIR = "batches"  # the batch journal: kept across resumes, like the cache
 GENERATED = (
     "data",
     "surplus",
@@ -490,3 +494,75 @@ def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
         folder.rmdir()
     log.info("stored %d paid responses from %s in the response cache %s", stored, folder, location)
     return stored
+
+
+# -- submitted batches (llm.backend: openai_batch) ------------------------------------------
+
+
+class BatchJournal:
+    """The batches a run submitted: one JSON file per batch in ``OUT/batches/``.
+
+    Why in the output folder: the batch backend runs in Ray actors that a killed driver
+    takes with it, while its batches live on at the provider, paid for. The journal is
+    how the next run's actors find them again (``factory.llm.backends.openai_batch``)
+    instead of submitting their requests a second time. One file per batch, written
+    atomically, so actors never write the same file and a crash leaves the old state
+    or the new one. The folder is not ``GENERATED``: a resume keeps it.
+    """
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.dir = self.out_dir / BATCHES_DIR
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every batch recorded so far (an unreadable file is skipped with a warning)."""
+        entries = []
+        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            try:
+                entries.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:
+                log.warning("batch journal %s unreadable (%s); skipped", path, exc)
+        return entries
+
+    def save(self, entry: Mapping[str, Any]) -> None:
+        """Write one batch's entry (its ``key`` names the file).
+
+        Raises:
+            OutputWriteError: the file cannot be written.
+        """
+        path = self.dir / f"{entry['key']}.json"
+        atomic_write_text(path, json.dumps(dict(entry), sort_keys=True), self.out_dir)
+
+
+def batch_summary(out_dir: Path) -> dict[str, Any] | None:
+    """What the manifest records of a run's batches: counts by status, requests done and
+    each batch's id, status and request counts; None when the run submitted none."""
+    entries = BatchJournal(out_dir).load()
+    if not entries:
+        return None
+    by_status: dict[str, int] = {}
+    done = failed = total = 0
+    listed = []
+    for e in sorted(entries, key=lambda e: e.get("submitted_at") or 0):
+        status = str(e.get("status"))
+        by_status[status] = by_status.get(status, 0) + 1
+        counts = e.get("request_counts") or {}
+        done += int(counts.get("completed") or 0)
+        failed += int(counts.get("failed") or 0)
+        total += len(e.get("request_ids") or ())
+        listed.append(
+            {
+                "id": e.get("batch_id"),
+                "status": status,
+                "requests": len(e.get("request_ids") or ()),
+                "request_counts": counts,
+            }
+        )
+    return {
+        "count": len(entries),
+        "by_status": dict(sorted(by_status.items())),
+        "requests_submitted": total,
+        "requests_completed": done,
+        "requests_failed": failed,
+        "batches": listed,
+    }

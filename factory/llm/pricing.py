@@ -24,6 +24,8 @@ from typing import Any
 from factory.errors import ConfigError, short
 
 __all__ = [
+    "BATCH_PRICES_SOURCE",
+    "DEFAULT_BATCH_PRICES",
     "DEFAULT_PRICES",
     "PRICES_AS_OF",
     "PRICES_SOURCE",
@@ -72,6 +74,23 @@ DEFAULT_PRICES: dict[str, Price] = {
     "gpt-4.1": Price(2.00, 0.50, 8.00),
     "gpt-4.1-mini": Price(0.40, 0.10, 1.60),
     "gpt-4.1-nano": Price(0.10, 0.025, 0.40),
+}
+
+# The Batch tier of the same page, as of the same date: half the Standard rate, input,
+# cached input and output alike (OpenAI Batch API, 24h completion window). A model not
+# listed here is priced at its online rate in a batch unless the recipe gives its
+# ``prices.<model>.batch_share`` (never a discount nobody stated); a recipe price of a
+# listed model gets the Batch tier's share of it.
+BATCH_PRICES_SOURCE = "https://openai.com/api/pricing/ (Batch tier)"
+_BATCH_SHARE = 0.5
+DEFAULT_BATCH_PRICES: dict[str, Price] = {
+    model: Price(
+        p.input_per_mtok * _BATCH_SHARE,
+        p.cached_input_per_mtok * _BATCH_SHARE,
+        p.output_per_mtok * _BATCH_SHARE,
+    )
+    for model, p in DEFAULT_PRICES.items()
+    if model in ("gpt-5", "gpt-5-mini", "gpt-5-nano", "o3", "o4-mini", "gpt-4.1", "gpt-4o")
 }
 
 # Dated snapshots ("gpt-4o-2024-08-06") are priced like their alias.
@@ -132,7 +151,12 @@ def _price_from(model: str, spec: Any) -> Price:
         return spec
     if not isinstance(spec, Mapping):
         spec = spec.model_dump() if hasattr(spec, "model_dump") else vars(spec)
-    unknown = set(spec) - {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok"}
+    unknown = set(spec) - {
+        "input_per_mtok",
+        "cached_input_per_mtok",
+        "output_per_mtok",
+        "batch_share",
+    }
     if unknown:
         raise ConfigError(f"unknown price field {sorted(unknown)[0]!r}", key_path=f"prices.{model}")
     try:
@@ -152,9 +176,28 @@ def _price_from(model: str, spec: Any) -> Price:
 class PriceTable:
     """Model id -> ``Price``: the built-in defaults overlaid with the recipe's prices."""
 
-    def __init__(self, prices: Mapping[str, Price] | None = None, *, defaults: bool = True):
+    def __init__(
+        self,
+        prices: Mapping[str, Price] | None = None,
+        *,
+        defaults: bool = True,
+        batch_shares: Mapping[str, float] | None = None,
+    ):
         self._prices: dict[str, Price] = dict(DEFAULT_PRICES) if defaults else {}
         self._prices.update(prices or {})
+        self._batch: dict[str, Price] = dict(DEFAULT_BATCH_PRICES) if defaults else {}
+        shares = dict(batch_shares or {})
+        for model in prices or {}:  # a recipe price of a listed model: the Batch tier's share
+            if model in DEFAULT_BATCH_PRICES:
+                shares.setdefault(model, _BATCH_SHARE)
+        for model, share in shares.items():
+            online = self._prices.get(model)
+            if online is not None:
+                self._batch[model] = Price(
+                    online.input_per_mtok * share,
+                    online.cached_input_per_mtok * share,
+                    online.output_per_mtok * share,
+                )
 
     @classmethod
     def from_config(cls, prices: Mapping[str, Any] | None, *, defaults: bool = True) -> PriceTable:
@@ -170,7 +213,18 @@ class PriceTable:
             ConfigError: a missing or unknown field, or a negative price.
         """
         parsed = {model: _price_from(model, spec) for model, spec in (prices or {}).items()}
-        return cls(parsed, defaults=defaults)
+        shares: dict[str, float] = {}
+        for model, spec in (prices or {}).items():
+            raw = spec.get("batch_share") if isinstance(spec, Mapping) else None
+            if raw is None:
+                continue
+            if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 1:
+                raise ConfigError(
+                    f"expected a share in (0, 1], got {short(raw, 40)}",
+                    key_path=f"prices.{model}.batch_share",
+                )
+            shares[model] = float(raw)
+        return cls(parsed, defaults=defaults, batch_shares=shares)
 
     def lookup(self, model: str) -> Price | None:
         """Price of ``model``; a dated snapshot falls back to its alias; unknown -> None."""
@@ -178,6 +232,16 @@ class PriceTable:
             return self._prices[model]
         alias = _SNAPSHOT_RE.sub("", model)
         return self._prices.get(alias)
+
+    def lookup_batch(self, model: str) -> Price | None:
+        """Price of ``model`` through a batch API (``openai_batch``): the Batch tier when
+        known, else the online price (no discount assumed); unknown -> None."""
+        for name in (model, _SNAPSHOT_RE.sub("", model)):
+            if name in self._batch:
+                return self._batch[name]
+            if name in self._prices:
+                return self._prices[name]
+        return None
 
     def __contains__(self, model: object) -> bool:
         return isinstance(model, str) and self.lookup(model) is not None

@@ -14,10 +14,14 @@ the budget), and says which.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from factory.engine.result import RunResult, _progress, new_manifest
 from factory.engine.stages.amplify import amplify_template
 from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
 from factory.errors import SeedError
-from factory.io.runstate import load_rounds, save_rounds
+from factory.io.runstate import batch_summary, load_rounds, save_rounds
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
 
 __all__ = ["plan_round", "preflight", "run_amplify"]
@@ -364,7 +368,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
     next_index, issued, rounds, stopped_by, stalled = 0, 0, 0, None, False
     if not kept:  # a cap stopped the judge (or the cache refused its answers: below)
         stopped_by = _budget_stop(budget)
-    with _progress(progress, target, "accepted") as bar:
+    with _progress(progress, target, "accepted") as bar, _batch_progress(cfg, out_dir, progress):
         while kept and not collector.done and collector.cache_error is None:
             used = collector.tokens + judge_tokens  # caps count the judge's spend too
             n, stopped_by = plan_round(
@@ -462,6 +466,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
         # What the run-wide budget counted (every stage): comparable with cost_usd and tokens.
         budget=None if budget is None else ray.get(budget.snapshot.remote()),
+        batches=batch_summary(out_dir),  # llm.backend openai_batch: ids and outcomes
         timings=timings,
         model=cfg.llm.model,
         decontamination=decontam_summary(cfg, manifest),
@@ -478,6 +483,47 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
             "in the cache); make the cache writable and run the same command again to resume"
         )
     return result
+
+
+def batch_line(summary: dict[str, Any] | None) -> str | None:
+    """One progress line of a batched backend's batches: by state, and requests done."""
+    if not summary:
+        return None
+    states = ", ".join(f"{n} {state}" for state, n in summary["by_status"].items())
+    return (
+        f"batches: {states}; requests {summary['requests_completed']}/"
+        f"{summary['requests_submitted']} done, {summary['requests_failed']} failed"
+    )
+
+
+@contextlib.contextmanager
+def _batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator[None]:
+    """With a batched backend, print its batches' line when it changes (checked every
+    5 s): rows arrive only as whole batches end, hours apart with a real Batch API, so
+    the row bar alone would look stuck."""
+    from factory.llm.backends import get_backend
+
+    assert cfg.llm is not None
+    if not enabled or not get_backend(cfg.llm.backend).batched:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = None
+        while not stop.wait(5.0):
+            line = batch_line(batch_summary(out_dir))
+            if line is not None and line != last:
+                last = line
+                print(line, file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=watch, name="batch-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def _budget_stop(budget: Any) -> str | None:

@@ -31,8 +31,15 @@ from factory.engine import watchdog
 from factory.engine.stages.base import UNISSUED, Stage, fail
 from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
+from factory.io.runstate import BatchJournal
 from factory.llm import Completion, PriceTable
-from factory.llm.backends import Backend, LLMRequest, OnlineBackend, build_backend
+from factory.llm.backends import (
+    Backend,
+    LLMRequest,
+    OnlineBackend,
+    build_backend,
+    get_backend,
+)
 from factory.llm.batcher import Batcher
 from factory.secrets import redact
 
@@ -91,12 +98,15 @@ def build_backend_for(cfg: RecipeConfig, model: str) -> Backend:
     """
     assert cfg.llm is not None
     prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+    batched = get_backend(cfg.llm.backend).batched
     return build_backend(
         cfg.llm,
         model,
         concurrency=per_actor_concurrency(cfg),
-        price=prices.lookup(model),
+        # A batch API bills its own (Batch-tier) price: cost and budget count that one.
+        price=prices.lookup_batch(model) if batched else prices.lookup(model),
         sleep=wait_without_slot,  # no retry once the run's driver is gone
+        batch_journal=BatchJournal(Path(cfg.output.dir)) if batched else None,
     )
 
 

@@ -29,6 +29,7 @@ from factory.llm.backends.base import (
     BackendOptions,
     BackendPlugin,
     BackendSetup,
+    BatchJournal,
     LLMRequest,
     LLMResult,
     OnlineBackend,
@@ -45,6 +46,7 @@ __all__ = [
     "BackendOptions",
     "BackendPlugin",
     "BackendSetup",
+    "BatchJournal",
     "LLMRequest",
     "LLMResult",
     "OnlineBackend",
@@ -62,6 +64,7 @@ ENTRY_POINT_GROUP = "factory.llm_backends"
 BUILTIN_BACKENDS: dict[str, str] = {
     "aiohttp": "factory.llm.backends.aiohttp:plugin",
     "openai": "factory.llm.backends.openai:plugin",
+    "openai_batch": "factory.llm.backends.openai_batch:plugin",
 }
 
 _REGISTRY = PluginRegistry(
@@ -117,6 +120,7 @@ def build_backend(
     concurrency: int,
     price: Price | None,
     sleep: Callable[[float], Awaitable[object]] | None = None,
+    batch_journal: BatchJournal | None = None,
 ) -> Backend:
     """The backend ``llm.backend`` names, built for ``model`` (one per actor).
 
@@ -131,6 +135,7 @@ def build_backend(
         options=backend_options(plugin, llm.backend_options),
         concurrency=concurrency,
         price=price,
+        batch_journal=batch_journal,
         **({"sleep": sleep} if sleep is not None else {}),
     )
     return plugin.build(setup)

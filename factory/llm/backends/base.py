@@ -34,7 +34,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +50,7 @@ __all__ = [
     "BackendOptions",
     "BackendPlugin",
     "BackendSetup",
+    "BatchJournal",
     "LLMRequest",
     "LLMResult",
     "OnlineBackend",
@@ -89,6 +90,20 @@ class BackendOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BatchJournal(Protocol):
+    """Where a batched backend keeps the batches it submitted, so that a restarted run
+    re-attaches to them (``factory.io.runstate.BatchJournal`` writes them to the output
+    folder). An entry is a JSON-able mapping with a unique ``key``."""
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every entry saved so far (by this run or an earlier one)."""
+        ...
+
+    def save(self, entry: Mapping[str, Any]) -> None:
+        """Write ``entry`` (a new one, or a newer state of the one with its ``key``)."""
+        ...
+
+
 @dataclass(frozen=True)
 class BackendSetup:
     """What the engine gives a backend's ``build``, once per actor.
@@ -100,6 +115,8 @@ class BackendSetup:
         concurrency: requests this actor may have in flight.
         price: the model's price, ``None`` when unpriced (priced at 0).
         sleep: what to await for backoff (stops retrying once the run's driver is gone).
+        batch_journal: the run's record of submitted batches (batched backends), or
+            None (nothing to resume: the backend keeps it in memory).
     """
 
     llm: LLMConfig
@@ -108,6 +125,7 @@ class BackendSetup:
     concurrency: int
     price: Price | None
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
+    batch_journal: BatchJournal | None = None
 
 
 class Backend(ABC):
@@ -178,8 +196,10 @@ class BackendPlugin:
         name: the ``llm.backend`` value that selects it.
         options: its config model; ``llm.backend_options`` is validated against it.
         build: makes the backend for one actor and model.
+        batched: its backends take batches (priced at the Batch tier, given a journal).
     """
 
     name: str
     options: type[BackendOptions]
     build: Callable[[BackendSetup], Backend]
+    batched: bool = False
