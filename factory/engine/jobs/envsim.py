@@ -37,7 +37,7 @@ from factory.engine.result import RunResult, _progress, new_manifest
 from factory.errors import ConfigError, SeedError
 from factory.io.writer import RejectWriter, ShardWriter, write_dataset_info
 
-__all__ = ["ALPACA_SCHEMA", "CANDIDATE_SCHEMA", "run_envsim"]
+__all__ = ["ALPACA_SCHEMA", "CANDIDATE_SCHEMA", "alpaca_row", "run_envsim"]
 
 CANDIDATE_SCHEMA = pa.schema(
     [
@@ -137,8 +137,13 @@ def _met(mixture: Mixture, keys: list[dict[str, Any]], heldout: bool) -> int:
     return sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
 
 
-def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dict) -> Any:
-    """Stream the chosen candidates (in selection order) as alpaca rows."""
+def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[str, str]:
+    """One selected step sample as the alpaca row ``data/`` holds (layout of ``envsim.layout``).
+
+    The domain's simulator facts for the tool (the current time, the rule for new
+    ids) are in the instruction, so every value of the output is derivable from
+    the row's instruction and input.
+    """
     from factory.envs.registry import get_plugin
     from factory.envsim.envsimbench import to_sft_row
     from factory.envsim.simulator import to_alpaca
@@ -146,6 +151,19 @@ def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dic
 
     assert cfg.envsim is not None
     facts_of = get_plugin(cfg.domain.name).simulator_facts
+    facts = facts_of(sample["tool"]) if facts_of is not None else None
+    if cfg.envsim.layout == "envsimbench":  # the environment code is always shown there
+        env_code = tool_source(cfg.domain.name, sample["tool"]) or ""
+        row = to_sft_row(sample, env_code=env_code, facts=facts)
+    else:
+        code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
+        row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code, facts=facts)
+    meta = {"labels": sample["labels"], "env_id": sample["env_id"], "step": sample["step"]}
+    return {**row, "id": sample["id"], "meta": json.dumps(meta)}
+
+
+def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dict) -> Any:
+    """Stream the chosen candidates (in selection order) as alpaca rows."""
     rank = {sid: i for i, sid in enumerate(chosen)}
     picked: list[tuple[int, dict[str, Any]]] = []
     for path in sorted((out_dir / "candidates").glob("*.parquet")):
@@ -157,15 +175,7 @@ def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dic
                     picked.append((rank.pop(sid), json.loads(sample)))
     picked.sort(key=lambda p: p[0])
     for _, sample in picked:
-        facts = facts_of(sample["tool"]) if facts_of is not None else None
-        if cfg.envsim.layout == "envsimbench":  # the environment code is always shown there
-            env_code = tool_source(cfg.domain.name, sample["tool"]) or ""
-            row = to_sft_row(sample, env_code=env_code, facts=facts)
-        else:
-            code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
-            row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code, facts=facts)
-        meta = {"labels": sample["labels"], "env_id": sample["env_id"], "step": sample["step"]}
-        yield {**row, "id": sample["id"], "meta": json.dumps(meta)}
+        yield alpaca_row(cfg, sample, tools)
 
 
 def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
