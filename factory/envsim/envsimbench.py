@@ -45,6 +45,7 @@ __all__ = [
     "from_record",
     "from_sft_row",
     "is_record",
+    "pointer_ops",
     "to_sft_row",
     "tool_call_text",
 ]
@@ -96,6 +97,36 @@ def diff_dicts(before: Any, after: Any, prefix: str = "") -> list[dict[str, Any]
         elif b != a:
             changes.append({"path": path, "type": "modified", "before": b, "after": a})
     return changes
+
+
+_KINDS = {"added": "add", "add": "add", "modified": "replace", "modify": "replace"}
+
+
+def pointer_ops(changes: list[Any]) -> list[Any]:
+    """EnvSimBench changes as the factory's pointer ops (for strict Config Match).
+
+    ``added`` -> ``add``, ``modified`` -> ``replace``, ``removed``/``delete`` ->
+    ``remove``; the value is ``value`` else ``after``. A change of another shape
+    is passed on as it is (strict Config Match then counts it a miss).
+    """
+    ops: list[Any] = []
+    for change in changes:
+        path = change.get("path") if isinstance(change, Mapping) else None
+        if not isinstance(path, str) or "op" in change:
+            ops.append(change)
+            continue
+        pointer = "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path.split("."))
+        kind = change.get("type")
+        op: dict[str, Any] = {"path": pointer}
+        if kind in ("removed", "delete", "remove"):
+            op["op"] = "remove"
+        else:
+            op["op"] = _KINDS.get(kind, "replace")
+            op["after"] = change["value"] if "value" in change else change.get("after")
+        if "before" in change and op["op"] != "add":
+            op["before"] = change["before"]
+        ops.append(op)
+    return ops
 
 
 def _dotted(pointer: str) -> str:

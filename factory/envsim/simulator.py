@@ -402,10 +402,15 @@ def config_match(pred_ops: Any, state_before: Any, state_after: Any) -> bool:
     """Strict Config Match: ``apply(pred_ops, state_before)`` is exactly ``state_after``.
 
     Anything the ops cannot do (a malformed op, a missing path, a stale
-    ``before``, ``pred_ops`` not a list) is a miss, not an error.
+    ``before``, ``pred_ops`` not a list) is a miss, not an error. Changes in
+    EnvSimBench's format (dotted ``path``, ``type``) are read as the same ops.
     """
     if not isinstance(pred_ops, list):
         return False
+    if any(isinstance(op, Mapping) and "type" in op and "op" not in op for op in pred_ops):
+        from factory.envsim.envsimbench import pointer_ops
+
+        pred_ops = pointer_ops(pred_ops)  # EnvSimBench's dotted changes, same rule
     try:
         result = apply(pred_ops, state_before)
     except (DeltaError, TypeError, ValueError, KeyError, AttributeError, RecursionError):
