@@ -131,10 +131,18 @@ def _available(mixture: Mixture, labels: list[dict[str, Any]]) -> dict[str, int]
     return dict(counts)
 
 
-def _met(mixture: Mixture, keys: list[dict[str, Any]], heldout: bool) -> int:
-    """Rows of ``mixture`` the candidates of one side of the split could fill now."""
-    available = _available(mixture, [k["labels"] for k in keys if k["heldout"] is heldout])
-    return sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
+def _met(
+    mixture: Mixture, keys: list[dict[str, Any]], heldout: bool, tools: list[str]
+) -> tuple[int, bool]:
+    """Rows of ``mixture`` one side of the split could fill now, and whether every tool
+    has ``mixture.min_per_tool`` candidates there (tool balance)."""
+    labels = [k["labels"] for k in keys if k["heldout"] is heldout]
+    available = _available(mixture, labels)
+    rows = sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
+    if not mixture.min_per_tool:
+        return rows, True
+    calls = Counter(lab.get("tool") for lab in labels)
+    return rows, all(calls[t] >= mixture.min_per_tool for t in tools)
 
 
 def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[str, str]:
@@ -242,10 +250,13 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
                     )
                     keys.append({"id": row["id"], "labels": labels, "heldout": side})
                 on_world += n
-                met = [_met(mix, keys, side) for mix, side in wanted]
-                bar.n = done + sum(met)
+                met = [_met(mix, keys, side, sorted(tools)) for mix, side in wanted]
+                bar.n = done + sum(rows for rows, _ in met)
                 bar.refresh()
-                if all(m >= mix.total for m, (mix, _) in zip(met, wanted, strict=True)):
+                if all(
+                    rows >= mix.total and balanced
+                    for (rows, balanced), (mix, _) in zip(met, wanted, strict=True)
+                ):
                     break
             done += sum(mix.total for mix, _ in wanted)
             episodes += on_world
