@@ -170,17 +170,30 @@ def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[s
     return {**row, "id": sample["id"], "meta": json.dumps(meta)}
 
 
-def _alpaca_rows(cfg: RecipeConfig, chosen: list[str], out_dir: Path, tools: dict) -> Any:
-    """Stream the chosen candidates (in selection order) as alpaca rows."""
-    rank = {sid: i for i, sid in enumerate(chosen)}
+_PROVENANCE = ("task_id", "user_id", "env_id")
+
+
+def _alpaca_rows(cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: dict) -> Any:
+    """Stream the chosen candidates (in selection order) as alpaca rows.
+
+    Two episodes can make the same step (same id: the id hashes the call and the
+    state, not the episode); the copy written is the one whose provenance the
+    selection chose, so a row's task and user are those the split decided on.
+    """
+    chosen = {e["id"]: (i, e["labels"]) for i, e in enumerate(selection.selected)}
     picked: list[tuple[int, dict[str, Any]]] = []
     for path in sorted((out_dir / "candidates").glob("*.parquet")):
         for batch in pq.ParquetFile(path).iter_batches(columns=["id", "sample"], batch_size=2048):
-            for sid, sample in zip(
+            for sid, text in zip(
                 batch.column("id").to_pylist(), batch.column("sample").to_pylist(), strict=True
             ):
-                if sid in rank:
-                    picked.append((rank.pop(sid), json.loads(sample)))
+                if sid not in chosen:
+                    continue
+                rank, labels = chosen[sid]
+                sample = json.loads(text)
+                if all(sample["labels"].get(k) == labels.get(k) for k in _PROVENANCE):
+                    del chosen[sid]
+                    picked.append((rank, sample))
     picked.sort(key=lambda p: p[0])
     for _, sample in picked:
         yield alpaca_row(cfg, sample, tools)
@@ -272,12 +285,17 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
     )
     held_selection: Selection | None = None
     if held_mix is not None and ho is not None:
+        # a step identical to a training-side step (another episode made it too) is not held out
+        train_ids = {k["id"] for k in keys if not k["heldout"]}
         held_selection = select(
-            (k for k in keys if k["heldout"]), held_mix, seed=ho.seed, **exclusions
+            (k for k in keys if k["heldout"] and k["id"] not in train_ids),
+            held_mix,
+            seed=ho.seed,
+            **exclusions,
         )
     del keys
     data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
-    data.extend(_alpaca_rows(cfg, selection.ids, out_dir, tools))
+    data.extend(_alpaca_rows(cfg, selection, out_dir, tools))
     data.close()
     writers: list[Any] = [data, candidates, rejects]
     splits: dict[str, str] = {}
@@ -285,7 +303,7 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
         held = ShardWriter(
             out_dir, subdir="heldout", schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows
         )
-        held.extend(_alpaca_rows(cfg, held_selection.ids, out_dir, tools))
+        held.extend(_alpaca_rows(cfg, held_selection, out_dir, tools))
         held.close()
         writers.append(held)
         splits[f"{cfg.output.dataset_name}_heldout"] = "heldout"
