@@ -29,13 +29,71 @@ __all__ = ["Scaffold", "guess_kind", "scaffold"]
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Verbs a tool name starts with (or holds as a word), by the kind they suggest.
 READ_VERBS = frozenset(
-    "get list search find read lookup look check view show query fetch retrieve count "
-    "describe download export preview inspect browse open".split()
+    [
+        "get",
+        "list",
+        "search",
+        "find",
+        "read",
+        "lookup",
+        "look",
+        "check",
+        "view",
+        "show",
+        "query",
+        "fetch",
+        "retrieve",
+        "count",
+        "describe",
+        "download",
+        "export",
+        "preview",
+        "inspect",
+        "browse",
+        "open",
+    ]
 )
 WRITE_VERBS = frozenset(
-    "create add book send update delete remove cancel modify move rename schedule set upload "
-    "write reply forward share invite accept decline archive mark post edit insert put "
-    "patch reschedule assign unassign revoke grant change copy restore submit reset".split()
+    [
+        "create",
+        "add",
+        "book",
+        "send",
+        "update",
+        "delete",
+        "remove",
+        "cancel",
+        "modify",
+        "move",
+        "rename",
+        "schedule",
+        "set",
+        "upload",
+        "write",
+        "reply",
+        "forward",
+        "share",
+        "invite",
+        "accept",
+        "decline",
+        "archive",
+        "mark",
+        "post",
+        "edit",
+        "insert",
+        "put",
+        "patch",
+        "reschedule",
+        "assign",
+        "unassign",
+        "revoke",
+        "grant",
+        "change",
+        "copy",
+        "restore",
+        "submit",
+        "reset",
+    ]
 )
 
 
@@ -214,7 +272,9 @@ def scaffold(name: str, records: Iterable[Any], *, seeds_path: str) -> Scaffold:
             tool = {k: v for k, v in tool.items() if not k.startswith("x-")}
             if tool["name"] not in specs:
                 specs[tool["name"]] = tool
-            elif json.dumps(specs[tool["name"]], sort_keys=True) != json.dumps(tool, sort_keys=True):
+            elif json.dumps(specs[tool["name"]], sort_keys=True) != json.dumps(
+                tool, sort_keys=True
+            ):
                 variants[tool["name"]] += 1
         called.update(_called(record))
     if not specs:
