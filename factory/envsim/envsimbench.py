@@ -37,6 +37,7 @@ from typing import Any
 
 from factory.core.delta import diff
 from factory.core.labels import step_labels
+from factory.envsim.rows import SampleError, alpaca_prompt
 
 __all__ = [
     "SFT_INSTRUCTION",
@@ -61,8 +62,6 @@ _CALL = re.compile(r"\A\s*([^\s(]+)\((.*)\)\s*\Z", re.S)
 
 
 def _sample_error(message: str) -> Exception:
-    from factory.envsim.simulator import SampleError
-
     return SampleError(message)
 
 
@@ -322,8 +321,6 @@ def _sft_input(before: Any, name: str, arguments: Any) -> str:
 
 
 def _sft_prompt(env_code: str, before: Any, name: str, arguments: Any) -> list[dict[str, str]]:
-    from factory.envsim.simulator import alpaca_prompt
-
     row = {
         "instruction": SFT_INSTRUCTION.format(env_code=env_code),
         "input": _sft_input(before, name, arguments),
@@ -370,8 +367,6 @@ def from_sft_row(row: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         SampleError: the row is not in that layout.
     """
-    from factory.envsim.simulator import alpaca_prompt
-
     try:
         body = json.loads(row["input"])
         answer = json.loads(row["output"])

@@ -43,6 +43,7 @@ from factory.core.delta import DeltaError, apply, same_json
 from factory.core.export import THINK_CLOSE, THINK_OPEN
 from factory.core.labels import step_labels
 from factory.core.repair import parse_json_value, reject_constant
+from factory.envsim.rows import SampleError, alpaca_prompt
 from factory.errors import FactoryError, RepairError, short
 
 __all__ = [
@@ -79,12 +80,6 @@ _CALL_BLOCK = re.compile(
     re.S,
 )
 _THINK = re.compile(r"\A\s*<think>.*?</think>\s*", re.S)
-
-
-class SampleError(FactoryError):
-    """A record is not a usable step sample (a missing, mistyped or inconsistent field)."""
-
-    reason = "bad_step_sample"
 
 
 # --- samples ---------------------------------------------------------------------------------
@@ -213,15 +208,6 @@ def from_alpaca(record: Mapping[str, Any]) -> dict[str, Any]:
         "prompt": alpaca_prompt(record),
     }
     return sample
-
-
-def alpaca_prompt(record: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The chat messages LLaMA-Factory builds from an alpaca row (user: instruction + input)."""
-    query = [record["instruction"]] + ([record["input"]] if record.get("input") else [])
-    messages = [{"role": "user", "content": "\n".join(query)}]
-    if record.get("system"):
-        messages.insert(0, {"role": "system", "content": str(record["system"])})
-    return messages
 
 
 def unknown_tool_spec(name: str) -> dict[str, Any]:
