@@ -4,7 +4,10 @@
         --model M] [--limit N] [--concurrency C] [--out DIR] [--with-code]
 
 Each step sample (JSONL or Parquet, see ``factory.envsim.steps``) becomes a simulate
-prompt (``factory.envsim.simulator``); the model's answer is scored with Feedback
+prompt (``factory.envsim.simulator``). An envsim run's ``data/`` and ``heldout/``
+folders (alpaca rows, either layout) and EnvSimBench benchmark records are read as
+they are, and asked with the prompt they carry (the row's instruction and input;
+EnvSimBench's SFT layout for their records). The model's answer is scored with Feedback
 Match (FM), strict Config Match (CM) and EnvSimBench's lenient Config Match,
 overall and per group, per |Δ|, per argument count and per tool. A failed
 prediction (the LLM call failed, or the answer is not a prediction) is a miss
