@@ -45,9 +45,13 @@ def init_domain(name: str, seeds: Path, root: Path, *, force: bool = False) -> A
 
     if not seeds.is_file():
         raise ConfigError(f"seed file {seeds} not found", key_path="--from-seeds")
-    seeds_path = os.path.relpath(seeds.resolve(), (root / "pipelines").resolve())
+    pipelines = (root / "pipelines").resolve()
+    seeds_path = os.path.relpath(seeds.resolve(), pipelines)
+    # the factory's own templates (the project's prompts/ folder beside the package)
+    shipped = Path(__file__).resolve().parents[2] / "prompts"
+    templates = os.path.relpath(shipped, pipelines)
     try:
-        result = scaffold(name, _records(seeds), seeds_path=seeds_path)
+        result = scaffold(name, _records(seeds), seeds_path=seeds_path, templates=templates)
     except ConfigError as exc:
         if exc.key_path == "--from-seeds":
             exc.exit_code = EXIT_INPUT

@@ -192,7 +192,7 @@ def _rules(name: str) -> str:
     )
 
 
-def _recipe(name: str, seeds_path: str) -> str:
+def _recipe(name: str, seeds_path: str, templates: str) -> str:
     return f"""# Amplification of the {name} seeds (written by `factory.domain init`; review it).
 # Offline against the development server:
 #   python -m factory.run pipelines/{name}.yaml --devserver --set amplify.target=50
@@ -218,9 +218,11 @@ llm:
 prefilter:
   enabled: true
   model: o4-mini
+  prompt: {json.dumps(templates + "/prefilter.j2")}
 amplify:
   target: 1000
   seed: 0
+  prompt: {json.dumps(templates + "/amplify.j2")}
   max_cost_usd: 50
 output:
   dir: ../out/{name}
@@ -231,7 +233,9 @@ ray:
 """
 
 
-def scaffold(name: str, records: Iterable[Any], *, seeds_path: str) -> Scaffold:
+def scaffold(
+    name: str, records: Iterable[Any], *, seeds_path: str, templates: str = "../prompts"
+) -> Scaffold:
     """The files of a data-only pack for domain ``name`` from parsed seed records.
 
     Args:
@@ -240,6 +244,8 @@ def scaffold(name: str, records: Iterable[Any], *, seeds_path: str) -> Scaffold:
             specs or its JSON text); others are counted, not used.
         seeds_path: the seed file as the recipe should name it (relative to
             ``pipelines/``).
+        templates: the folder of the factory's prompt templates (``amplify.j2``,
+            ``prefilter.j2``) as the recipe should name it.
 
     Returns:
         The files (``prompts/NAME/tools.json``, ``prompts/NAME/policy.md``,
@@ -313,6 +319,6 @@ def scaffold(name: str, records: Iterable[Any], *, seeds_path: str) -> Scaffold:
         f"prompts/{name}/tools.json": json.dumps(out.tools, indent=2, ensure_ascii=False) + "\n",
         f"prompts/{name}/policy.md": _policy(name, out.tools),
         f"filters/{name}.yaml": _rules(name),
-        f"pipelines/{name}.yaml": _recipe(name, seeds_path),
+        f"pipelines/{name}.yaml": _recipe(name, seeds_path, templates),
     }
     return out
