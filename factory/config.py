@@ -43,6 +43,7 @@ __all__ = [
     "EndpointConfig",
     "EnvSimConfig",
     "GroundingConfig",
+    "HeldoutConfig",
     "LLMConfig",
     "MixtureConfig",
     "OutputConfig",
@@ -357,6 +358,23 @@ class RayConfig(_Strict):
     )
 
 
+class HeldoutConfig(_Strict):
+    """A held-out split of the envsim job, never overlapping the training selection."""
+
+    by: Literal["env", "task", "user"] = Field(
+        description="env: sampled on a world of its own (heldout.world_seed); task / user: a "
+        "seeded share of the task or user ids is kept out of the training selection."
+    )
+    share: float = Field(0.1, gt=0, lt=1, description="by task / user: share of the ids held out.")
+    scale: float = Field(
+        0.1, gt=0, le=1, description="Held-out rows per quota: ceil(quota count x scale)."
+    )
+    world_seed: int | None = Field(
+        None, description="by env: seed of the held-out world (default envsim.world_seed + 1)."
+    )
+    seed: int = Field(0, description="Seed of the id split and of the held-out selection.")
+
+
 class EnvSimConfig(_Strict):
     """Simulator training data from an executable world (EnvSimBench)."""
 
@@ -378,6 +396,20 @@ class EnvSimConfig(_Strict):
         0.05, ge=0, le=1, description="Share of policy-violating calls that still succeed."
     )
     with_code: bool = Field(False, description="Show the tool's source code in the instruction.")
+    layout: Literal["factory", "envsimbench"] = Field(
+        "factory",
+        description="Alpaca layout of the rows: factory (prompts/simulate.j2) or envsimbench "
+        "(EnvSimBench's SFT rows: environment code in the instruction, input "
+        "{initial_config, tool_call}, output {feedback, config_changes} with dotted paths).",
+    )
+    validate_arguments: bool = Field(
+        True,
+        description="The executor refuses a call whose arguments do not fit the tool's JSON "
+        "Schema (Error: invalid argument ...); false runs it as tau-bench does.",
+    )
+    heldout: HeldoutConfig | None = Field(
+        None, description="Write a held-out split to OUTPUT/heldout/ (by env, task or user)."
+    )
 
 
 class MixtureConfig(_Strict):

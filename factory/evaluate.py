@@ -4,7 +4,10 @@
         --model M] [--limit N] [--concurrency C] [--out DIR] [--with-code]
 
 Each step sample (JSONL or Parquet, see ``factory.envsim.steps``) becomes a simulate
-prompt (``factory.envsim.simulator``); the model's answer is scored with Feedback
+prompt (``factory.envsim.simulator``). An envsim run's ``data/`` and ``heldout/``
+folders (alpaca rows, either layout) and EnvSimBench benchmark records are read as
+they are, and asked with the prompt they carry (the row's instruction and input;
+EnvSimBench's SFT layout for their records). The model's answer is scored with Feedback
 Match (FM), strict Config Match (CM) and EnvSimBench's lenient Config Match,
 overall and per group, per |Δ|, per argument count and per tool. A failed
 prediction (the LLM call failed, or the answer is not a prediction) is a miss
@@ -54,6 +57,7 @@ __all__ = [
     "evaluate_async",
     "llm_predictor",
     "main",
+    "simulator_facts",
     "tool_sources",
 ]
 
@@ -225,7 +229,9 @@ def _score(sample: dict[str, Any], text: str) -> SampleResult:
     result.feedback_match = feedback_match(pred["feedback"], sample["observation"])
     ops = pred["config_changes"]
     result.config_match = config_match(ops, sample["state_before"], sample["state_after"])
-    result.lenient_config_match = lenient_config_match(ops, sample["delta"])
+    result.lenient_config_match = lenient_config_match(
+        ops, sample["state_before"], sample["state_after"]
+    )
     return result
 
 
@@ -314,6 +320,14 @@ def tool_sources(domain: str) -> dict[str, str]:
     return {name: inspect.getsource(fn) for name, fn in functions().items()}
 
 
+def simulator_facts(domain: str | None, tools: Iterable[str]) -> dict[str, str]:
+    """Tool name -> the registered domain's simulator facts for it (shown in its prompts)."""
+    if not domain or domain not in available_domains():
+        return {}
+    facts = get_plugin(domain).simulator_facts
+    return {name: facts(name) for name in tools} if facts is not None else {}
+
+
 def default_domain(name: str | None = None) -> str:
     """``name``, else the only registered domain shipping a data pack.
 
@@ -342,6 +356,7 @@ def llm_predictor(
     tools: Sequence[Mapping[str, Any]],
     *,
     code: Mapping[str, str] | None = None,
+    facts: Mapping[str, str] | None = None,
 ) -> Predictor:
     """A predictor that asks ``client`` (an ``LLMClient``) to simulate each sample.
 
@@ -350,6 +365,7 @@ def llm_predictor(
         tools: function specs; a called tool missing from them gets
             :func:`factory.envsim.simulator.unknown_tool_spec`.
         code: tool name -> source shown in the prompt.
+        facts: tool name -> the domain's simulator facts (current time, new ids) for it.
     """
     from factory.engine.stages.llm_stage import request_id
 
@@ -358,7 +374,10 @@ def llm_predictor(
     async def predict(sample: dict[str, Any]) -> str:
         name = sample["tool"]
         spec = specs.get(name) or unknown_tool_spec(name)
-        messages = simulation_messages(sample, spec, (code or {}).get(name))
+        # A row of a training layout carries the prompt it was trained with; ask that.
+        messages = sample.get("prompt") or simulation_messages(
+            sample, spec, (code or {}).get(name), (facts or {}).get(name)
+        )
         rid = request_id("simulate", client.model, EVAL_SAMPLING, messages, sample=sample["id"])
         completion = await client.complete(messages, request_id=rid)
         return str(completion.text)
@@ -430,8 +449,9 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, str]:
     client, tools = _client_and_tools(args)
     code = tool_sources(args.domain) if args.with_code else None
     samples = _limited(iter_records(args.samples), args.limit)
+    facts = simulator_facts(args.domain, [t["name"] for t in tools])
     async with client:
-        predict = llm_predictor(client, tools, code=code)
+        predict = llm_predictor(client, tools, code=code, facts=facts)
         report = await evaluate_async(samples, predict, concurrency=args.concurrency)
     return report, str(client.model)
 

@@ -449,24 +449,26 @@ def test_send_certificate_uses_three_fixed_ids(env: AirlineEnv) -> None:
         (
             "get_user_details",
             {},
-            "Error: GetUserDetails.invoke() missing 1 required positional argument: 'user_id'",
+            "Error: missing required argument 'user_id' for get_user_details "
+            "(get_user_details takes 'user_id')",
         ),
         (
             "get_user_details",
             {"user_id": "a", "extra": 1},
-            "Error: GetUserDetails.invoke() got an unexpected keyword argument 'extra'",
+            "Error: unexpected argument 'extra' for get_user_details "
+            "(get_user_details takes 'user_id')",
         ),
         (
             "search_onestop_flight",
             {"origin": "JFK"},
-            "Error: SearchOnestopFlight.invoke() missing 2 required positional arguments: "
-            "'destination' and 'date'",
+            "Error: missing required arguments 'destination', 'date' for search_onestop_flight "
+            "(search_onestop_flight takes 'origin', 'destination', 'date')",
         ),
         (
             "get_user_details",
             {"user_id": "a", "data": {}},
-            "Error: tau_bench.envs.airline.tools.get_user_details.GetUserDetails.invoke() got "
-            "multiple values for keyword argument 'data'",
+            "Error: unexpected argument 'data' for get_user_details "
+            "(get_user_details takes 'user_id')",
         ),
         (
             "get_user_details",

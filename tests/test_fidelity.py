@@ -184,7 +184,7 @@ def test_calls_without_ids_orphans_and_unanswered_calls(small: tuple[Path, Airli
     report = replay_fidelity(env.copy, [{"messages": messages}])
     assert (report.matched, report.total, report.unanswered) == (1, 3, 1)
     assert [m.got for m in report.mismatches] == [
-        "Error: Think.invoke() missing 1 required positional argument: 'thought'",
+        "Error: missing required argument 'thought' for think (think takes 'thought')",
         None,
     ]
 

@@ -9,6 +9,7 @@ File format (``pipelines/mixtures/<name>.yaml``)::
 
     name: balance2
     description: optional text
+    min_per_tool: 5                    # optional: every tool appears at least 5 times
     quotas:
       - name: complex_change           # unique; keys of counts / shortfall
         count: 2230                    # rows wanted (0 disables the quota)
@@ -19,6 +20,11 @@ File format (``pipelines/mixtures/<name>.yaml``)::
         arg_cardinality: {max: 3}      # labels.arg_cardinality
         description: optional text
 
+``min_per_tool`` (tool balance) asks the selection to take, before filling the
+quotas, that many rows of every tool (a step's ``labels.tool``; the envsim job
+names every tool of the domain, so a tool no candidate calls is a shortfall).
+The rows still count against the quotas they match.
+
 A quota needs ``group`` or ``outcome``; the other selectors narrow it. A sample
 whose label is missing or ``None`` never matches a selector on that label, so a
 write-call count can never stand in for |Δ|.
@@ -28,8 +34,9 @@ Selecting rows by these quotas is ``factory.core.selection``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -40,7 +47,7 @@ from factory.errors import ConfigError, short
 __all__ = ["IntSet", "Mixture", "Quota"]
 
 OUTCOMES: tuple[str, ...] = STEP_OUTCOMES + TRAJECTORY_OUTCOMES
-_MIXTURE_KEYS = ("name", "description", "quotas")
+_MIXTURE_KEYS = ("name", "description", "min_per_tool", "quotas")
 _QUOTA_KEYS = (
     "name",
     "count",
@@ -168,6 +175,7 @@ class Mixture:
     name: str
     quotas: tuple[Quota, ...]
     description: str = ""
+    min_per_tool: int = 0
 
     @property
     def total(self) -> int:
@@ -207,12 +215,30 @@ class Mixture:
                     f"duplicate quota name {quota.name!r}", key_path=f"quotas[{n}].name"
                 )
             quotas.append(quota)
-        return cls(name=name, quotas=tuple(quotas), description=_text(data, "description", ""))
+        min_per_tool = data.get("min_per_tool", 0)
+        if not _is_count(min_per_tool):
+            raise ConfigError(
+                f"must be a non-negative integer, got {short(min_per_tool, 40)}",
+                key_path="min_per_tool",
+            )
+        return cls(
+            name=name,
+            quotas=tuple(quotas),
+            description=_text(data, "description", ""),
+            min_per_tool=min_per_tool,
+        )
+
+    def scaled(self, factor: float, name: str | None = None) -> Mixture:
+        """The same quotas with ``ceil(count * factor)`` rows each (a held-out split's mix)."""
+        quotas = tuple(replace(q, count=math.ceil(q.count * factor - 1e-9)) for q in self.quotas)
+        return replace(self, name=name or self.name, quotas=quotas)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.description:
             out["description"] = self.description
+        if self.min_per_tool:
+            out["min_per_tool"] = self.min_per_tool
         out["quotas"] = [q.to_dict() for q in self.quotas]
         return out
 

@@ -17,6 +17,10 @@ Selection rules (all of :func:`select`):
   taken before a second from any (``env_id``; ``task_id`` then ``user_id`` when
   the environment is unknown), and at equal depth samples of not-yet-seen tasks
   and users come first. Each round follows the seeded order.
+* **Tool balance**: with the mixture's ``min_per_tool``, every tool (the
+  ``tools`` argument, else every tool seen) first gets that many rows, rarest
+  tool first, each counted against the first quota it matches that has room;
+  a tool short of rows is reported in ``shortfall`` as ``tool:<name>``.
 * **Decontamination**: rows whose ``task_id`` / ``user_id`` is listed are
   dropped and counted (ids compared as strings, so task ``5`` matches ``"5"``).
 
@@ -41,7 +45,7 @@ from factory.core.mixture import _INT_SELECTORS, Mixture, _is_count
 from factory.core.trajectory import canonical_json
 from factory.errors import short
 
-__all__ = ["KEPT_LABELS", "Selection", "id_and_labels", "select"]
+__all__ = ["KEPT_LABELS", "Selection", "held_out", "id_and_labels", "select"]
 
 _ID_KEYS = ("env_id", "task_id", "user_id")
 #: Label keys a selection keeps per candidate and returns in ``Selection.selected``.
@@ -55,12 +59,27 @@ KEPT_LABELS: tuple[str, ...] = (
     "task_id",
     "user_id",
     "env_id",
+    "tool",
 )
 
 
 def id_and_labels(sample: Any) -> tuple[str, Mapping[str, Any]]:
     """Default ``key`` of :func:`select`: ``(sample["id"], sample["labels"])``."""
     return sample["id"], sample["labels"]
+
+
+def held_out(labels: Mapping[str, Any], *, by: str, share: float, seed: int) -> bool:
+    """Whether a row belongs to the held-out split of ``by`` (``task`` or ``user``).
+
+    Why by id and not by row: every row of a held-out task (or user) must stay
+    out of training, so the decision is a seeded hash of the id alone, the same
+    on every worker and in every run. A row without that id is never held out.
+    """
+    value = _id_str(labels.get(f"{by}_id"))
+    if value is None:
+        return False
+    digest = hashlib.sha256(f"heldout:{seed}:{by}:{value}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64
 
 
 def _seeded_hash(seed: int, sample_id: str) -> int:
@@ -256,6 +275,13 @@ class Selection:
             "available": self.available,
             "shortfall": self.shortfall,
             "excluded": self.excluded,
+            "tools": dict(
+                sorted(
+                    Counter(
+                        e["labels"].get("tool") for e in self.selected if "tool" in e["labels"]
+                    ).items()
+                )
+            ),
         }
 
     def report(self) -> str:
@@ -297,6 +323,7 @@ def select(
     exclude_task_ids: Iterable[Any] = (),
     exclude_user_ids: Iterable[Any] = (),
     key: Callable[[Any], tuple[str, Mapping[str, Any]]] = id_and_labels,
+    tools: Iterable[str] = (),
 ) -> Selection:
     """Choose the rows of ``mixture`` from labelled samples (rules in the module docstring).
 
@@ -306,6 +333,7 @@ def select(
         seed: seed of the hash order; same seed and same set of rows, same result.
         exclude_task_ids, exclude_user_ids: decontamination lists (compared as strings).
         key: extracts ``(id, labels)`` from a row (default: ``row["id"]``, ``row["labels"]``).
+        tools: every tool that ``mixture.min_per_tool`` applies to (default: the tools seen).
 
     Returns:
         The :class:`Selection`; a row whose id or labels cannot be read is
@@ -353,17 +381,40 @@ def select(
     interned.clear()
 
     ordered = sorted(pool.values(), key=lambda c: (c.h, c.id))
+    room = [q.count for q in mixture.quotas]
+    pre: list[list[_Candidate]] = [[] for _ in mixture.quotas]
     taken: set[str] = set()
+    if mixture.min_per_tool:
+        tool_at = KEPT_LABELS.index("tool")
+        by_tool: dict[str, list[_Candidate]] = defaultdict(list)
+        for c in ordered:
+            if isinstance(c.values[tool_at], str):
+                by_tool[c.values[tool_at]].append(c)
+        names = set(tools) or set(by_tool)
+        for tool in sorted(names, key=lambda t: (len(by_tool.get(t, ())), t)):
+            got = 0
+            for c in _coverage_order(by_tool.get(tool, [])):
+                if got >= mixture.min_per_tool:
+                    break
+                index = next((i for i in range(len(room)) if c.mask >> i & 1 and room[i] > 0), None)
+                if index is None:
+                    continue
+                pre[index].append(c)
+                room[index] -= 1
+                taken.add(c.id)
+                got += 1
+            if got < mixture.min_per_tool:
+                out.shortfall[f"tool:{tool}"] = mixture.min_per_tool - got
     for index, quota in enumerate(mixture.quotas):
         cands = [c for c in ordered if c.mask >> index & 1 and c.id not in taken]
-        picks = _coverage_order(cands)[: quota.count]
+        picks = pre[index] + _coverage_order(cands)[: room[index]]
         taken.update(c.id for c in picks)
         out.selected.extend(
             {"id": c.id, "quota": quota.name, "labels": _unproject(c.values)} for c in picks
         )
         out.wanted[quota.name] = quota.count
         out.counts[quota.name] = len(picks)
-        out.available[quota.name] = len(cands)
+        out.available[quota.name] = len(cands) + len(pre[index])
         out.distinct[quota.name] = {
             "env_id": len({c.cover for c in picks if c.cover[0] == "env"}),
             "task_id": len({c.task for c in picks} - {None}),

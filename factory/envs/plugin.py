@@ -22,7 +22,12 @@ optional; the engine says which part is missing when a recipe needs it
 * ``fidelity_renames``: keys the database renamed since its reference
   trajectories were recorded (``factory.envsim.fidelity``);
 * ``devserver``: what the development server needs to answer the domain's
-  prompts offline (``factory.devserver``).
+  prompts offline (``factory.devserver``);
+* ``simulator_facts``: ``simulator_facts(tool) -> text``, what a simulator of
+  that tool must know that no state slice shows (the current time, the rule a
+  tool follows to name a new object, a constant table), stated in every
+  simulator prompt and training row so each output is derivable from its
+  input (``factory.envsim.simulator``).
 
 A domain with only a data pack needs no plug-in at all: a recipe that names
 its files (``domain.tools``/``policy``/``rules``) runs the curate and amplify
@@ -169,6 +174,7 @@ class DomainPlugin:
     grounding: Callable[[Environment], ScenarioSource] | None = None
     fidelity_renames: Mapping[str, str] = field(default_factory=dict)
     devserver: DevserverHooks | None = None
+    simulator_facts: Callable[[str], str] | None = None
 
     def has(self, part: str) -> bool:
         """Whether the plug-in supplies ``part`` (a field name of :data:`PARTS`)."""
@@ -187,4 +193,5 @@ PARTS: tuple[str, ...] = (
     "grounding",
     "fidelity_renames",
     "devserver",
+    "simulator_facts",
 )

@@ -132,11 +132,33 @@ def sample_episode(
     )
 
 
+def _world(
+    domain: str, seed: int, sizes: Mapping[str, Any] | None, validate_arguments: bool
+) -> Environment:
+    """The generated world; ``validate_arguments=False`` only asked of a world that takes it.
+
+    Why only then: the default (validate) is every executor's, so a domain whose
+    environment has no such switch still runs with the default.
+    """
+    if validate_arguments:
+        return generate_environment(domain, seed, sizes)
+    try:
+        return generate_environment(domain, seed, sizes, validate_arguments=False)
+    except TypeError as exc:
+        raise ConfigError(
+            f"the {domain} environment has no validate_arguments switch ({exc})",
+            key_path="envsim.validate_arguments",
+        ) from None
+
+
 class EpisodeSampler:
     """A generated world of ``domain``, built once, and episodes sampled on forks of it.
 
     Arguments are those of :func:`sample_episode`, plus the world's generator
-    seed and sizes (the size keys the domain's plug-in declares).
+    seed and sizes (the size keys the domain's plug-in declares), and
+    ``validate_arguments``: whether the executor refuses a call whose arguments
+    do not fit the tool's JSON Schema (``False``: it runs the call as the
+    reference implementation does, e.g. tau-bench).
 
     Episode ``index`` of run ``seed`` depends on nothing else, so a run split
     into index ranges across workers gives the same episodes.
@@ -157,6 +179,7 @@ class EpisodeSampler:
         tools: list[dict[str, Any]] | None = None,
         system: str | None = None,
         scenarios: Mapping[str, float] | None = None,
+        validate_arguments: bool = True,
     ):
         sampling = _sampling(domain)
         check_share("invalid_share", invalid_share)
@@ -164,7 +187,7 @@ class EpisodeSampler:
         self.domain = domain
         self._play = sampling.sample_episode
         self.scenarios = scenario_weights(scenarios, sampling.scenarios)
-        self.world = generate_environment(domain, world_seed, world_sizes)
+        self.world = _world(domain, world_seed, world_sizes, validate_arguments)
         self.env_id = world_env_id(domain, world_seed, world_sizes)
         self.invalid_share, self.violation_share = invalid_share, violation_share
         self.tools = tools if tools is not None else sampling.default_tools()

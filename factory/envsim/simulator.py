@@ -19,14 +19,13 @@ Metrics (EnvSimBench's Feedback Match and Config Match):
   before, must give exactly the state after. An extra op, a wrong value, a
   stale ``before`` or an op that cannot be applied is a miss; a correct
   deletion is a hit.
-* :func:`lenient_config_match` reproduces EnvSimBench's published check for
-  comparison: every true op needs a predicted op on the same path with the
-  same ``after``. It has two known gaps, kept on purpose so the numbers can
-  be compared with the paper: extra predicted ops are ignored (a simulator
-  that invents changes is not penalised), and a true ``remove`` has no
-  ``after`` to match, so a deletion can never be predicted correctly. It
-  ignores ``before`` and the op kind too. Values are compared with their JSON
-  type, so that the two documented gaps are the only difference in spirit.
+* :func:`lenient_config_match` is EnvSimBench's Config Match exactly as its
+  public evaluation code computes it (``factory.envsim.envsimbench``), for
+  comparison with published numbers: the predicted changes are applied to the
+  state before, and each change between the true states must find its
+  ``after`` at its path. So extra wrong changes pass, a predicted ``null``
+  instead of a deletion passes, overwriting a parent passes, and a correct
+  deletion fails (the deleted path is absent).
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from factory.core.delta import DeltaError, apply, same_json
 from factory.core.export import THINK_CLOSE, THINK_OPEN
 from factory.core.labels import step_labels
 from factory.core.repair import parse_json_value, reject_constant
+from factory.envsim.rows import SampleError, alpaca_prompt
 from factory.errors import FactoryError, RepairError, short
 
 __all__ = [
@@ -51,9 +51,11 @@ __all__ = [
     "STATE_MARKER",
     "TEMPLATE_PATH",
     "SampleError",
+    "alpaca_prompt",
     "check_sample",
     "config_match",
     "feedback_match",
+    "from_alpaca",
     "lenient_config_match",
     "parse_prediction",
     "render_prediction",
@@ -71,13 +73,13 @@ TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "prompts" / "simulate.j2"
 
 _BLOCKS = ("system", "tool", "call", "user")
 _JSON_COLUMNS = ("arguments", "state_before", "state_after", "delta", "labels")
+_ALPACA_KEYS = ("instruction", "input", "output")
+_CALL_BLOCK = re.compile(
+    r"\A\s*### State\s*```json\n(?P<state>.*?)\n```\s*"
+    r"### Tool call to simulate\s*```json\n(?P<call>.*?)\n```\s*\Z",
+    re.S,
+)
 _THINK = re.compile(r"\A\s*<think>.*?</think>\s*", re.S)
-
-
-class SampleError(FactoryError):
-    """A record is not a usable step sample (a missing, mistyped or inconsistent field)."""
-
-    reason = "bad_step_sample"
 
 
 # --- samples ---------------------------------------------------------------------------------
@@ -102,6 +104,14 @@ def check_sample(record: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(record, Mapping):
         raise SampleError(f"a step sample is an object, got {type(record).__name__}")
+    if "tool" not in record and all(isinstance(record.get(k), str) for k in _ALPACA_KEYS):
+        record = from_alpaca(record)  # a row of an envsim run's data/ or heldout/ shards
+    if "tool" not in record and isinstance(record.get("step_detail"), Mapping):
+        from factory.envsim.envsimbench import from_record
+
+        record = from_record(
+            record
+        )  # an EnvSimBench benchmark record  # a row of an envsim run's data/ or heldout/ shards
     if "tool" not in record and isinstance(record.get("sample"), str):
         # A row of an envsim run's candidates/ shards: the sample is one JSON column.
         try:
@@ -146,6 +156,60 @@ def check_sample(record: Mapping[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def _json_text(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SampleError(f"{what} is not JSON: {exc}") from None
+
+
+def from_alpaca(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The step sample an alpaca row of an envsim run (``data/``, ``heldout/``) teaches.
+
+    Why parse the row and not keep a side file: the row is what the simulator is
+    trained on, so scoring it needs nothing else. ``input`` holds the state and
+    the call (the ``call`` block of ``prompts/simulate.j2``), ``output`` the
+    answer (``feedback`` and ``config_changes``, a leading ``<think>`` block
+    dropped); ``meta`` (JSON text) gives the labels and provenance. The sample
+    carries ``prompt``, the row's user turn as LLaMA-Factory builds it
+    (instruction, a newline, input), so a model is asked exactly what it was
+    trained on. A row in EnvSimBench's SFT layout is read by
+    :func:`factory.envsim.envsimbench.from_sft_row`.
+
+    Raises:
+        SampleError: the row is not in the envsim job's alpaca layout.
+    """
+    text = record["input"]
+    if text.lstrip().startswith("{"):
+        from factory.envsim.envsimbench import from_sft_row
+
+        return from_sft_row(record)
+    found = _CALL_BLOCK.match(text)
+    if found is None:
+        raise SampleError("alpaca input holds no '### State' and '### Tool call' blocks")
+    call = _json_text(found["call"], "the tool call block")
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise SampleError("the tool call block must be an object with a name")
+    answer = _json_text(_THINK.sub("", record["output"], count=1), "output")
+    if not isinstance(answer, dict) or "feedback" not in answer:
+        raise SampleError("output must be an object with feedback and config_changes")
+    meta = record.get("meta")
+    meta = _json_text(meta, "meta") if isinstance(meta, str) else meta or {}
+    sample: dict[str, Any] = {
+        "id": record.get("id"),
+        "env_id": meta.get("env_id"),
+        "step": meta.get("step"),
+        "tool": call["name"],
+        "arguments": call.get("arguments"),
+        "state_before": _json_text(found["state"], "the state block"),
+        "observation": answer["feedback"],
+        "delta": answer.get("config_changes"),
+        "labels": meta.get("labels"),
+        "prompt": alpaca_prompt(record),
+    }
+    return sample
+
+
 def unknown_tool_spec(name: str) -> dict[str, Any]:
     """The spec shown for a called tool the environment does not have (a failure sample)."""
     return {
@@ -182,18 +246,25 @@ def _dumps(value: Any) -> str:
 
 
 def simulation_prompt(
-    sample: Mapping[str, Any], tool_spec: Mapping[str, Any], code: str | None = None
+    sample: Mapping[str, Any],
+    tool_spec: Mapping[str, Any],
+    code: str | None = None,
+    facts: str | None = None,
 ) -> dict[str, str]:
     """The rendered blocks ``system``, ``tool``, ``call`` and ``user`` for one sample.
 
     ``system`` is the same for every sample; ``user`` is ``tool`` and ``call``
     joined by a blank line. The factory's ``x-`` keys are stripped from the spec.
+    ``facts`` (the domain plug-in's ``simulator_facts``: the current time, the
+    rule for new ids) go into the tool block, so every value of the answer is
+    derivable from the prompt.
     """
     template = _template(str(TEMPLATE_PATH))
     context = template.new_context(
         {
             "tool_json": _dumps(_public_spec(tool_spec)),
             "code": code.strip("\n") if code else "",
+            "facts": facts.strip() if facts else "",
             "state_json": _dumps(sample["state_before"]),
             "call_json": _dumps({"name": sample["tool"], "arguments": sample["arguments"]}),
         }
@@ -202,10 +273,13 @@ def simulation_prompt(
 
 
 def simulation_messages(
-    sample: Mapping[str, Any], tool_spec: Mapping[str, Any], code: str | None = None
+    sample: Mapping[str, Any],
+    tool_spec: Mapping[str, Any],
+    code: str | None = None,
+    facts: str | None = None,
 ) -> list[dict[str, str]]:
     """System and user chat messages asking a model to simulate ``sample``'s call."""
-    blocks = simulation_prompt(sample, tool_spec, code)
+    blocks = simulation_prompt(sample, tool_spec, code, facts)
     return [
         {"role": "system", "content": blocks["system"]},
         {"role": "user", "content": blocks["user"]},
@@ -223,6 +297,7 @@ def to_alpaca(
     tool_spec: Mapping[str, Any],
     code: str | None = None,
     reasoning: str | None = None,
+    facts: str | None = None,
 ) -> dict[str, str]:
     """One LLaMA-Factory alpaca row teaching the simulator ``sample``.
 
@@ -232,13 +307,14 @@ def to_alpaca(
         code: the tool's source, shown after the spec when given.
         reasoning: written as ``<think>...</think>`` before the answer (LLaMA-Factory's
             thought words) when given.
+        facts: the domain's facts a slice cannot show (see :func:`simulation_prompt`).
 
     Returns:
         ``{"instruction": role + tool spec (+ code), "input": state + call,
         "output": answer}``; the instruction repeats per tool, so a trainer's
         prefix sharing still applies within a tool.
     """
-    blocks = simulation_prompt(sample, tool_spec, code)
+    blocks = simulation_prompt(sample, tool_spec, code, facts)
     answer = render_prediction(sample["observation"], sample["delta"])
     if reasoning:
         answer = f"{THINK_OPEN}{reasoning.strip()}{THINK_CLOSE}{answer}"
@@ -312,10 +388,15 @@ def config_match(pred_ops: Any, state_before: Any, state_after: Any) -> bool:
     """Strict Config Match: ``apply(pred_ops, state_before)`` is exactly ``state_after``.
 
     Anything the ops cannot do (a malformed op, a missing path, a stale
-    ``before``, ``pred_ops`` not a list) is a miss, not an error.
+    ``before``, ``pred_ops`` not a list) is a miss, not an error. Changes in
+    EnvSimBench's format (dotted ``path``, ``type``) are read as the same ops.
     """
     if not isinstance(pred_ops, list):
         return False
+    if any(isinstance(op, Mapping) and "type" in op and "op" not in op for op in pred_ops):
+        from factory.envsim.envsimbench import pointer_ops
+
+        pred_ops = pointer_ops(pred_ops)  # EnvSimBench's dotted changes, same rule
     try:
         result = apply(pred_ops, state_before)
     except (DeltaError, TypeError, ValueError, KeyError, AttributeError, RecursionError):
@@ -323,20 +404,13 @@ def config_match(pred_ops: Any, state_before: Any, state_after: Any) -> bool:
     return same_json(result, state_after)
 
 
-def lenient_config_match(pred_ops: Any, true_ops: Sequence[Mapping[str, Any]]) -> bool:
-    """EnvSimBench's Config Match as published, kept for comparison (see the module docstring).
+def lenient_config_match(pred_ops: Any, state_before: Any, state_after: Any) -> bool:
+    """EnvSimBench's Config Match, exactly as its evaluation code computes it (for comparison).
 
-    Every true op needs a predicted op with the same ``path`` and the same
-    ``after`` value. Extra predicted ops are ignored, and a true ``remove`` (no
-    ``after``) never matches: both on purpose.
+    ``factory.envsim.envsimbench.config_match``: a predicted ``null`` instead of a
+    deletion passes, overwriting a parent path passes, extra wrong changes pass,
+    and a correct deletion fails. Pointer ops are translated to its dotted paths.
     """
-    predicted: dict[str, list[Any]] = {}
-    for op in pred_ops if isinstance(pred_ops, list) else ():
-        if isinstance(op, Mapping) and isinstance(op.get("path"), str) and "after" in op:
-            predicted.setdefault(op["path"], []).append(op["after"])
-    for op in true_ops:
-        if "after" not in op:
-            return False
-        if not any(same_json(after, op["after"]) for after in predicted.get(op["path"], ())):
-            return False
-    return True
+    from factory.envsim.envsimbench import config_match as envsimbench_config_match
+
+    return envsimbench_config_match(pred_ops, state_before, state_after)

@@ -24,7 +24,7 @@ import platform
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,11 +187,19 @@ class RejectWriter:
         self.flush()
 
 
-def write_dataset_info(out_dir: Path, dataset_name: str, *, formatting: str = "sharegpt") -> Path:
+def write_dataset_info(
+    out_dir: Path,
+    dataset_name: str,
+    *,
+    formatting: str = "sharegpt",
+    splits: Mapping[str, str] | None = None,
+) -> Path:
     """Write the LLaMA-Factory registry entry pointing at ``data/``.
 
     LLaMA-Factory resolves ``file_name`` against its ``dataset_dir``: pass the
-    output folder as ``dataset_dir`` and the name here as ``dataset``.
+    output folder as ``dataset_dir`` and the name here as ``dataset``. ``splits``
+    adds entries of the same layout for other folders (name -> folder, e.g. a
+    held-out split an ``eval_dataset`` names).
     """
     if formatting == "sharegpt":
         entry: dict[str, Any] = {
@@ -215,8 +223,11 @@ def write_dataset_info(out_dir: Path, dataset_name: str, *, formatting: str = "s
         }
     else:
         raise ValueError(f"unknown formatting {formatting!r}")
+    entries = {dataset_name: entry}
+    for name, folder in (splits or {}).items():
+        entries[name] = {**entry, "file_name": folder}
     path = Path(out_dir) / "dataset_info.json"
-    atomic_write_text(path, json.dumps({dataset_name: entry}, indent=2) + "\n", Path(out_dir))
+    atomic_write_text(path, json.dumps(entries, indent=2) + "\n", Path(out_dir))
     return path
 
 

@@ -18,14 +18,8 @@ from typing import Any
 
 import jsonschema
 
-from factory.envs.airline.tools import (
-    PARAMETERS,
-    TOOLS,
-    WRITE_TOOLS,
-    tau_bench_qualname,
-    write_targets,
-)
-from factory.envs.base import error_observation
+from factory.envs.airline.tools import PARAMETERS, TOOLS, WRITE_TOOLS, write_targets
+from factory.envs.base import binding_error, error_observation
 from factory.errors import ConfigError
 
 __all__ = ["TABLES", "AirlineEnv"]
@@ -36,36 +30,9 @@ _SIGNATURES = {name: inspect.signature(fn) for name, fn in TOOLS.items()}
 _VALIDATORS = {name: jsonschema.Draft202012Validator(schema) for name, schema in PARAMETERS.items()}
 
 
-def _call_error_message(name: str, exc: TypeError) -> str:
-    """Python's binding error, named as tau-bench's ``invoke`` would be named."""
-    fn = TOOLS[name]
-    text = str(exc)
-    qualified = f"{fn.__module__}.{fn.__qualname__}()"
-    if text.startswith(qualified):
-        return (
-            f"tau_bench.envs.airline.tools.{name}.{tau_bench_qualname(name)}()"
-            + text[len(qualified) :]
-        )
-    if text.startswith(f"{fn.__qualname__}()"):
-        return f"{tau_bench_qualname(name)}()" + text[len(fn.__qualname__) + 2 :]
-    return text
-
-
 def _binding_error(name: str, arguments: dict[str, Any]) -> str | None:
-    """The TypeError tau-bench's ``invoke(data=..., **arguments)`` raises before running."""
-    if "data" not in arguments:
-        try:
-            _SIGNATURES[name].bind(None, **arguments)
-            return None
-        except TypeError:
-            pass
-    try:
-        TOOLS[name](data={}, **arguments)  # fails while binding; the body never runs
-    except TypeError as exc:
-        return _call_error_message(name, exc)
-    except Exception as exc:  # pragma: no cover - bind() and the call agree on CPython
-        return str(exc)
-    return f"arguments do not fit {name}"  # pragma: no cover
+    """A missing or unexpected argument, in the tool's terms (tau-bench: Python's TypeError)."""
+    return binding_error(name, _SIGNATURES[name], arguments)
 
 
 def _schema_error(name: str, arguments: dict[str, Any]) -> str | None:

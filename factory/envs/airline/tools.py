@@ -22,11 +22,14 @@ Conventions kept from tau-bench (``tau_bench/envs/airline/tools/*.py``):
   builds the next day as ``2024-05-{day+1}`` (no zero padding) and fills in the
   second leg's details from its entry for the *first* leg's date.
 
-Two deliberate departures, both where tau-bench has no usable answer:
+Deliberate departures, where tau-bench has no usable answer:
 ``send_certificate`` with all three certificate ids taken returns an error
 (tau-bench returns ``None``, which its ``EnvResponse`` rejects), and
 ``calculate`` refuses ``**`` chains whose result would exceed about a million
-bits (tau-bench would compute for hours, then fail converting to float).
+bits (tau-bench would compute for hours, then fail converting to float). And
+where its answer names Python internals: a missing or unexpected argument is
+reported in the tool's terms (``factory.envs.base.binding_error``), not as
+tau-bench's ``SearchDirectFlight.invoke() missing 1 required positional argument``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ __all__ = [
     "READ_ONLY",
     "TOOLS",
     "WRITE_TOOLS",
-    "tau_bench_qualname",
     "write_targets",
 ]
 
@@ -474,11 +476,6 @@ WRITE_TOOLS = frozenset(
     }
 )
 READ_ONLY = frozenset(TOOLS) - WRITE_TOOLS
-
-
-def tau_bench_qualname(name: str) -> str:
-    """``book_reservation`` -> ``BookReservation.invoke`` (names in Python's call errors)."""
-    return "".join(part.capitalize() for part in name.split("_")) + ".invoke"
 
 
 def _key(value: Any) -> str | None:
