@@ -570,7 +570,10 @@ def test_malformed_calls_are_error_observations(env: RetailEnv) -> None:
         env,
         "cancel_pending_order",
         {"order_id": "#W1"},
-        "Error: CancelPendingOrder.invoke() missing 1 required positional argument: 'reason'",
+        # in the tool's terms: a simulator can derive this from the spec, not Python's
+        # "CancelPendingOrder.invoke() missing 1 required positional argument" (issue 10)
+        "Error: missing required argument 'reason' for cancel_pending_order "
+        "(cancel_pending_order takes 'order_id', 'reason')",
     )
     _refused(
         env,
@@ -592,6 +595,10 @@ def test_unvalidated_calls_behave_as_in_tau_bench() -> None:
     env = RetailEnv(_world(), validate_arguments=False)
     args = {"order_id": "#W2", "item_ids": "3000000001", "payment_method_id": "credit_card_1"}
     assert env.execute("return_delivered_order_items", args) == "Error: some item not found"
+    # and a missing argument reads as tau-bench's Python error
+    assert env.execute("cancel_pending_order", {"order_id": "#W1"}) == (
+        "Error: CancelPendingOrder.invoke() missing 1 required positional argument: 'reason'"
+    )
 
 
 # --- forks ---------------------------------------------------------------------------------------

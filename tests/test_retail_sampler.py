@@ -277,3 +277,14 @@ def test_a_taubench_database_grounds_too() -> None:
     world.fresh_env(scenario)
     assert world.env_id == "retail-db-taubench-retail"
     assert scenario["orders"] and len(render_scenario(scenario)) < 40_000
+
+
+def test_no_observation_names_python_internals(
+    run: list[tuple[Trajectory, list[StepSample]]],
+) -> None:
+    """Missing-argument calls are refused in the tool's terms, never with tau-bench's
+    ``CancelPendingOrder.invoke() missing 1 required positional argument`` (issue 10: a
+    simulator cannot derive an implementation's class name from the tool's spec)."""
+    errors = [s.observation for _, steps in run for s in steps if "missing" in s.observation]
+    assert errors, "the sampler makes missing-argument calls"
+    assert not [o for o in errors if ".invoke()" in o or "positional argument" in o]

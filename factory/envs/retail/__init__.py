@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from factory.envs.base import error_observation
+from factory.envs.base import binding_error, error_observation
 from factory.envs.retail.tools import (
     PARAMETERS,
     TOOLS,
@@ -35,8 +35,14 @@ _SIGNATURES = {name: inspect.signature(fn) for name, fn in TOOLS.items()}
 _VALIDATORS = {name: jsonschema.Draft202012Validator(schema) for name, schema in PARAMETERS.items()}
 
 
-def _binding_error(name: str, arguments: dict[str, Any]) -> str | None:
-    """The TypeError text tau-bench's ``invoke(data=..., **arguments)`` raises before running."""
+def _binding_error(name: str, arguments: dict[str, Any], *, tau_bench_text: bool) -> str | None:
+    """A missing or unexpected argument. In the tool's own terms (``binding_error``), or,
+    with ``tau_bench_text`` (``validate_arguments: false``: run calls as tau-bench does),
+    the TypeError text tau-bench's ``invoke(data=..., **arguments)`` raises before running
+    (``CancelPendingOrder.invoke() missing 1 required positional argument``), which names
+    the implementation: a simulator cannot derive it from the tool's spec (issue 10)."""
+    if not tau_bench_text:
+        return binding_error(name, _SIGNATURES[name], arguments)
     if "data" not in arguments:
         try:
             _SIGNATURES[name].bind(None, **arguments)
@@ -157,7 +163,7 @@ class RetailEnv:
             arguments = json.loads(json.dumps(arguments))
         except (TypeError, ValueError) as exc:
             return error_observation(f"arguments of {name} are not JSON: {exc}")
-        problem = _binding_error(name, arguments)
+        problem = _binding_error(name, arguments, tau_bench_text=not self.validate_arguments)
         if problem is None and self.validate_arguments:
             problem = _schema_error(name, arguments)
         if problem is not None:
