@@ -328,14 +328,34 @@ def simulator_facts(domain: str | None, tools: Iterable[str]) -> dict[str, str]:
     return {name: facts(name) for name in tools} if facts is not None else {}
 
 
-def default_domain(name: str | None = None) -> str:
-    """``name``, else the only registered domain shipping a data pack.
+def job_domain(samples: str) -> str | None:
+    """The domain of the job that wrote ``samples`` (its ``data/``, ``heldout/`` or
+    ``candidates/`` folder, or a file in one): ``run.json`` beside those folders names
+    the recipe. None for samples outside a job's output folder."""
+    path = Path(samples)
+    for folder in (path, *path.parents[:2]):
+        run = folder / "run.json"
+        if run.is_file():
+            try:
+                name = json.loads(run.read_text(encoding="utf-8"))["recipe"]["domain"]["name"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            return name if isinstance(name, str) else None
+    return None
+
+
+def default_domain(name: str | None = None, samples: str | None = None) -> str:
+    """``name``, else the domain of the job that wrote ``samples``, else the only
+    registered domain shipping a data pack.
 
     Raises:
-        ConfigError: no name and not exactly one such domain (the message lists them).
+        ConfigError: none of these, or several domains (the message lists them).
     """
     if name:
         return name
+    from_job = job_domain(samples) if samples else None
+    if from_job:
+        return from_job
     names = available_domains("pack")
     if len(names) != 1:
         raise ConfigError(
@@ -431,7 +451,7 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
         retry=RetryPolicy(max_attempts=args.max_attempts),
         price=None,
     )
-    args.domain = default_domain(args.domain)
+    args.domain = default_domain(args.domain, args.samples)
     return client, _load_tools(Path(args.tools) if args.tools else _pack_tools(args.domain))
 
 

@@ -420,6 +420,8 @@ def test_cli_end_to_end(
         server.url,
         "--model",
         "factory-dev",
+        "--domain",
+        "airline",
         "--out",
         str(out),
         "--concurrency",
@@ -471,6 +473,8 @@ def test_cli_lists_bad_lines_and_honours_limit(
         server.url,
         "--model",
         "factory-dev",
+        "--domain",
+        "airline",
         "--out",
         str(out),
         "--limit",
@@ -496,7 +500,8 @@ def test_cli_exit_codes(devserver: Any, tmp_path: Path, capsys: pytest.CaptureFi
     assert "--base-url" in capsys.readouterr().err
     assert main(["--samples", str(path), "--set", "llm.model=x", "--base-url", "http://h/v1"]) == 2
     server = devserver()
-    rest = ["--base-url", server.url, "--model", "m", "--out", str(tmp_path / "o")]
+    rest = ["--base-url", server.url, "--model", "m", "--domain", "airline"]
+    rest += ["--out", str(tmp_path / "o")]
     assert main(["--samples", str(path), *rest]) == 3  # nothing to score
     assert main(["--samples", str(tmp_path / "missing.jsonl"), *rest]) == 2
     assert main(["--samples", str(path), *rest, "--limit", "0"]) == 2
@@ -517,3 +522,19 @@ def test_samples_round_trip_through_the_devserver_prompt(samples: list[dict[str,
         assert answer is not None
         assert answer["feedback"] == sample["observation"]
         assert same_json(answer["config_changes"], sample["delta"])
+
+
+def test_the_domain_of_a_job_folder_comes_from_its_run_json(tmp_path: Path) -> None:
+    """With several domains registered, samples inside a job's output folder name their
+    domain through the job's ``run.json``; loose files need ``--domain``."""
+    from factory.errors import ConfigError
+    from factory.evaluate import default_domain
+
+    job = tmp_path / "job"
+    (job / "heldout").mkdir(parents=True)
+    (job / "run.json").write_text(json.dumps({"recipe": {"domain": {"name": "retail"}}}))
+    assert default_domain(None, str(job / "heldout")) == "retail"
+    assert default_domain(None, str(job / "heldout" / "part-0.parquet")) == "retail"
+    assert default_domain("airline", str(job / "heldout")) == "airline"
+    with pytest.raises(ConfigError, match="give --domain"):
+        default_domain(None, str(tmp_path / "loose.jsonl"))
