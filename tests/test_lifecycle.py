@@ -219,9 +219,19 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
     head, submit = _quick_start_blocks()
     fixed = re.findall(r"--[a-z-]*port (\d+)", head)
     lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", head))
-    ports = {p: str(_free_port()) for p in fixed if int(p) not in (lowest, highest)}
     base = _free_port()  # worker ports: a range of the README's width from a free port
-    ports[str(lowest)], ports[str(highest)] = str(base), str(base + highest - lowest)
+    workers = range(base, base + highest - lowest + 1)
+    ports = {str(lowest): str(base), str(highest): str(workers[-1])}
+    for p in fixed:
+        if p in ports:
+            continue
+        # Every other port outside the worker range and unique: Ray refuses a port two
+        # components would share (a CI run drew the node manager's port inside the
+        # worker range, 2026-11-22).
+        port = _free_port()
+        while port in workers or str(port) in ports.values():
+            port = _free_port()
+        ports[p] = str(port)
     tmp_ray = tempfile.mkdtemp(prefix="rq", dir="/tmp")  # short: Ray's socket paths
     out = tmp_path / "out"
 
