@@ -44,9 +44,7 @@ from collections.abc import Callable, Mapping
 from datetime import date, timedelta
 from typing import Any
 
-from factory.core.delta import changed_size
-from factory.core.labels import is_error_observation, trajectory_labels
-from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.trajectory import Trajectory
 from factory.envs.airline.lookups import (
     FREE_BAGS,
     TODAY,
@@ -63,6 +61,7 @@ from factory.envs.airline.tools import (
     search_onestop_flight,
 )
 from factory.envs.base import Environment
+from factory.envs.episode import Abort, Episode, cast_user, episode_trajectory
 
 __all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
 
@@ -86,7 +85,6 @@ SCENARIOS: dict[str, float] = {
 }
 FOLLOWUPS = ("browse", "cancel", "change_flights", "change_cabin", "baggage", "passengers")
 FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
-RECOVER_SHARE = 0.75  # after a wrong call, the agent retries correctly; otherwise it gives up
 TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
 _NAMES = ("Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Grace", "Hugo", "Ines", "Jonas", "Kai")
 _SURNAMES = ("Adams", "Baker", "Costa", "Dubois", "Evans", "Fischer", "Horvat", "Ivanova", "Jones")
@@ -263,33 +261,11 @@ def _wrong_bookings(ep: _Episode, args: Args, total: int) -> dict[str, Args]:
 # --- one episode under construction -------------------------------------------------------
 
 
-class _Abort(Exception):
-    """The agent gives up; the argument is its closing message."""
+class _Episode(Episode):
+    """An airline conversation (the bookkeeping is ``factory.envs.episode.Episode``)."""
 
-
-class _Episode:
-    """Turns, executed calls and bookkeeping of one conversation."""
-
-    def __init__(
-        self, env: Environment, rng: random.Random, user_id: str, shares: tuple[float, float]
-    ):
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.invalid_share, self.violation_share = shares
-        self.profile: dict[str, Any] | None = None  # what get_user_details last returned
-        self.turns: list[Turn] = []
-        self.mistakes: list[dict[str, Any]] = []
-        self.violations: list[str] = []
-        self.calls = 0
-
-    @property
-    def state(self) -> State:
-        return self.env.state
-
-    def user(self, text: str) -> None:
-        self.turns.append(Turn("user", text))
-
-    def say(self, text: str) -> None:
-        self.turns.append(Turn("assistant", text))
+    def wrong_calls(self, name: str, args: Args, cost: float) -> dict[str, Args]:
+        return _wrong_calls(self, name, args, cost)
 
     def request(self, text: str) -> None:
         """The user's request: the opening line, or a follow-up once the agent knows them."""
@@ -301,41 +277,6 @@ class _Episode:
     def confirm(self, summary: str) -> None:
         self.say(f"{summary} Shall I go ahead?")
         self.user(self.rng.choice(("Yes, please.", "Yes, go ahead.", "Sounds good, do it.")))
-
-    def call(self, name: str, args: Args) -> str:
-        call_id = f"call_{self.calls}"
-        self.calls += 1
-        self.turns.append(Turn("assistant", tool_calls=[ToolCall(name, args, call_id)]))
-        observation = self.env.execute(name, args)
-        self.turns.append(Turn("tool", observation, name=name, tool_call_id=call_id))
-        return observation
-
-    def act(self, name: str, args: Args, *, cost: float = 0) -> str:
-        """The intended call, possibly after a wrong one (``cost``: what a payment must cover).
-
-        Raises:
-            _Abort: the wrong call failed and the agent gives up.
-        """
-        if self.rng.random() < self.invalid_share:
-            wrong = _wrong_calls(self, name, args, cost)
-            if wrong:
-                kind = self.rng.choice(sorted(wrong))
-                step = self.calls
-                observation = self.call(name, wrong[kind])
-                accepted = not is_error_observation(observation)
-                self.mistakes.append({"call": step, "kind": kind, "accepted": accepted})
-                if accepted:  # the world took it (arguments not validated): do not act twice
-                    return observation
-                if self.rng.random() >= RECOVER_SHARE:
-                    raise _Abort(f"I'm sorry, but I could not complete that: {observation[7:]}.")
-        return self.call(name, args)
-
-    def violate(self, kind: str) -> bool:
-        """Whether the agent breaks this policy rule now (recorded when it does)."""
-        if self.rng.random() < self.violation_share:
-            self.violations.append(kind)
-            return True
-        return False
 
     def identify(self) -> dict[str, Any]:
         profile: dict[str, Any] = json.loads(
@@ -605,7 +546,7 @@ def _plan_trip(ep: _Episode) -> tuple[str, str, str, bool]:
                 if json.loads(search_onestop_flight(state, first["origin"], destination, day)):
                     return first["origin"], destination, day, True
         return first["origin"], first["destination"], day, False
-    raise _Abort("I'm sorry, but there are no bookable flights at the moment.")
+    raise Abort("I'm sorry, but there are no bookable flights at the moment.")
 
 
 def _search(
@@ -791,17 +732,6 @@ def _fits(state: State, scenario: str, user_id: str) -> bool:
     return card and any(_changeable(state, r, scenario) for r in active)
 
 
-def _cast(state: State, rng: random.Random, scenario: str) -> tuple[str, str]:
-    """A user for the scenario: random draws, then a full scan, else ``browse``."""
-    users = list(state["users"])
-    for _ in range(60):
-        user_id = rng.choice(users)
-        if _fits(state, scenario, user_id):
-            return scenario, user_id
-    fitting = [u for u in users if _fits(state, scenario, u)]
-    return (scenario, rng.choice(fitting)) if fitting else ("browse", rng.choice(users))
-
-
 def sample_episode(
     env: Environment,
     *,
@@ -840,14 +770,14 @@ def sample_episode(
     weights = SCENARIOS if scenarios is None else scenarios
     start = env.copy()
     drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
-    scenario, user_id = _cast(env.state, rng, drawn)
+    scenario, user_id = cast_user(env.state, rng, drawn, _fits)
     ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
     played = [scenario]
     while True:
         try:
             closing = _RUN[scenario](ep)
             ended = closing == TRANSFERRED
-        except _Abort as stop:
+        except Abort as stop:
             closing, ended = str(stop.args[0]), True
         ep.say(closing)
         options = [s for s in FOLLOWUPS if _fits(ep.state, s, user_id)]
@@ -858,20 +788,13 @@ def sample_episode(
         scenario = rng.choice(options)
         played.append(scenario)
         ep.profile = json.loads(json.dumps(ep.state["users"][user_id]))  # the agent keeps up
-    traj = Trajectory(
+    return episode_trajectory(
+        ep,
+        start,
         system=system,
         tools=tools if tools is not None else default_tools(),
-        turns=ep.turns,
-        metadata={
-            "source": f"sampler:{env_id}",
-            "format": "sampler",
-            "env_id": env_id,
-            "task_id": task_id,
-            "user_id": user_id,
-            "sampler": {"scenarios": played, "mistakes": ep.mistakes, "violations": ep.violations},
-        },
+        env_id=env_id,
+        task_id=task_id,
+        played=played,
+        write_tools=WRITE_TOOLS,
     )
-    size = changed_size(start.state, env.state)
-    traj.metadata["labels"] = trajectory_labels(traj, write_tools=WRITE_TOOLS, delta_size=size)
-    traj.metadata["id"] = traj.content_id()
-    return traj

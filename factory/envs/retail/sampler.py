@@ -44,10 +44,9 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from factory.core.delta import changed_size
-from factory.core.labels import is_error_observation, trajectory_labels
-from factory.core.trajectory import ToolCall, Trajectory, Turn
+from factory.core.trajectory import Trajectory
 from factory.envs.base import Environment
+from factory.envs.episode import Abort, Episode, cast_user, episode_trajectory
 from factory.envs.retail.tools import CANCEL_REASONS, PARAMETERS, WRITE_TOOLS
 
 __all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
@@ -78,7 +77,6 @@ FOLLOWUPS = (
     "exchange",
 )
 FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
-RECOVER_SHARE = 0.75  # after a wrong call, the agent retries correctly; otherwise it gives up
 TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
 _STREETS = (
     "Birch Road",
@@ -272,34 +270,14 @@ def _all_item_ids(state: State) -> list[str]:
 # --- one episode under construction -----------------------------------------------------------
 
 
-class _Abort(Exception):
-    """The agent gives up; the argument is its closing message."""
-
-
-class _Episode:
-    """Turns, executed calls and bookkeeping of one conversation."""
+class _Episode(Episode):
+    """A retail conversation (the bookkeeping is ``factory.envs.episode.Episode``)."""
 
     def __init__(
         self, env: Environment, rng: random.Random, user_id: str, shares: tuple[float, float]
     ):
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.invalid_share, self.violation_share = shares
-        self.profile: dict[str, Any] | None = None  # what get_user_details last returned
+        super().__init__(env, rng, user_id, shares)
         self.by_email = rng.random() < 0.6  # how the user introduces themselves
-        self.turns: list[Turn] = []
-        self.mistakes: list[dict[str, Any]] = []
-        self.violations: list[str] = []
-        self.calls = 0
-
-    @property
-    def state(self) -> State:
-        return self.env.state
-
-    def user(self, text: str) -> None:
-        self.turns.append(Turn("user", text))
-
-    def say(self, text: str) -> None:
-        self.turns.append(Turn("assistant", text))
 
     def request(self, text: str) -> None:
         if self.profile is None and not self.turns:
@@ -322,45 +300,18 @@ class _Episode:
         self.say(f"{summary} Shall I go ahead (yes/no)?")
         self.user(self.rng.choice(("Yes.", "Yes, please.", "Yes, go ahead.")))
 
-    def call(self, name: str, args: Args) -> str:
-        call_id = f"call_{self.calls}"
-        self.calls += 1
-        self.turns.append(Turn("assistant", tool_calls=[ToolCall(name, args, call_id)]))
-        observation = self.env.execute(name, args)
-        self.turns.append(Turn("tool", observation, name=name, tool_call_id=call_id))
-        return observation
+    def wrong_calls(self, name: str, args: Args, cost: float) -> dict[str, Args]:
+        return _wrong_calls(self, name, args, cost)
 
-    def act(self, name: str, args: Args, *, cost: float = 0) -> str:
-        """The intended call, possibly after a wrong one (``cost``: what a payment must cover).
-
-        Raises:
-            _Abort: the wrong call failed and the agent gives up.
-        """
+    def mistake_chance(self, name: str) -> float:
         # Writes are where the policy's rules bite: they go wrong twice as often, and
         # mostly by a rule (status, balance, same product, refund method) over a typo.
-        chance = min(1.0, 2 * self.invalid_share) if name in WRITE_TOOLS else self.invalid_share
-        if self.rng.random() < chance:
-            wrong = _wrong_calls(self, name, args, cost)
-            rules = sorted(set(wrong) - _GENERIC_MISTAKES)
-            if wrong:
-                pool = rules if rules and self.rng.random() < 0.75 else sorted(wrong)
-                kind = self.rng.choice(pool)
-                step = self.calls
-                observation = self.call(name, wrong[kind])
-                accepted = not is_error_observation(observation)
-                self.mistakes.append({"call": step, "kind": kind, "accepted": accepted})
-                if accepted:  # the world took it (arguments not validated): do not act twice
-                    return observation
-                if self.rng.random() >= RECOVER_SHARE:
-                    raise _Abort(f"I'm sorry, but I could not complete that: {observation[7:]}.")
-        return self.call(name, args)
+        return min(1.0, 2 * self.invalid_share) if name in WRITE_TOOLS else self.invalid_share
 
-    def violate(self, kind: str) -> bool:
-        """Whether the agent breaks this policy rule now (recorded when it does)."""
-        if self.rng.random() < self.violation_share:
-            self.violations.append(kind)
-            return True
-        return False
+    def pick_mistake(self, wrong: Mapping[str, Args]) -> str:
+        rules = sorted(set(wrong) - _GENERIC_MISTAKES)
+        pool = rules if rules and self.rng.random() < 0.75 else sorted(wrong)
+        return self.rng.choice(pool)
 
     def identify(self) -> dict[str, Any]:
         """Locate the user (email, else name and zip) and read the profile."""
@@ -399,7 +350,7 @@ class _Episode:
         owner = owner or self.user_id
         fits = [p for p in candidates if _can_pay(self.state, owner, p, cost)]
         if not fits:
-            raise _Abort("I'm sorry, but none of your payment methods can cover the difference.")
+            raise Abort("I'm sorry, but none of your payment methods can cover the difference.")
         return self.rng.choice(fits)
 
 
@@ -629,17 +580,6 @@ def _fits(state: State, scenario: str, user_id: str) -> bool:
     return any(_replaceable(state, o) for o in _orders(state, user_id, status))
 
 
-def _cast(state: State, rng: random.Random, scenario: str) -> tuple[str, str]:
-    """A user for the scenario: random draws, then a full scan, else ``browse``."""
-    users = list(state["users"])
-    for _ in range(60):
-        user_id = rng.choice(users)
-        if _fits(state, scenario, user_id):
-            return scenario, user_id
-    fitting = [u for u in users if _fits(state, scenario, u)]
-    return (scenario, rng.choice(fitting)) if fitting else ("browse", rng.choice(users))
-
-
 def sample_episode(
     env: Environment,
     *,
@@ -660,14 +600,14 @@ def sample_episode(
     weights = SCENARIOS if scenarios is None else scenarios
     start = env.copy()
     drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
-    scenario, user_id = _cast(env.state, rng, drawn)
+    scenario, user_id = cast_user(env.state, rng, drawn, _fits)
     ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
     played = [scenario]
     while True:
         try:
             closing = _RUN[scenario](ep)
             ended = closing == TRANSFERRED
-        except _Abort as stop:
+        except Abort as stop:
             closing, ended = str(stop.args[0]), True
         ep.say(closing)
         options = [s for s in FOLLOWUPS if _fits(ep.state, s, user_id)]
@@ -675,20 +615,13 @@ def sample_episode(
             break
         scenario = rng.choice(options)
         played.append(scenario)
-    traj = Trajectory(
+    return episode_trajectory(
+        ep,
+        start,
         system=system,
         tools=tools if tools is not None else default_tools(),
-        turns=ep.turns,
-        metadata={
-            "source": f"sampler:{env_id}",
-            "format": "sampler",
-            "env_id": env_id,
-            "task_id": task_id,
-            "user_id": user_id,
-            "sampler": {"scenarios": played, "mistakes": ep.mistakes, "violations": ep.violations},
-        },
+        env_id=env_id,
+        task_id=task_id,
+        played=played,
+        write_tools=WRITE_TOOLS,
     )
-    size = changed_size(start.state, env.state)
-    traj.metadata["labels"] = trajectory_labels(traj, write_tools=WRITE_TOOLS, delta_size=size)
-    traj.metadata["id"] = traj.content_id()
-    return traj
