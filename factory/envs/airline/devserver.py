@@ -23,6 +23,7 @@ from typing import Any
 from factory.envs.airline import TABLES, AirlineEnv
 from factory.envs.airline.lookups import FREE_BAGS, active_reservations, city, started
 from factory.envs.airline.scenarios import BOOKING_WINDOW
+from factory.envs.scripted import ScriptedEpisode, choose_plot, read_tables
 from factory.errors import ConfigError
 
 __all__ = [
@@ -67,56 +68,22 @@ SOURCE_ONLY_PLACES = {"LGA": "New York"}  # renamed when seen, never chosen as a
 #: JSON keys whose values are ids (the devserver renames them, keeping their shape).
 ID_KEYS = frozenset({"reservations", "flight_number", "flight_numbers"})
 
-Message = dict[str, Any]
 State = dict[str, Any]
 
 
 def read_state(value: Any) -> State | None:
     """``value`` if it is an airline state with users (a prompt's environment block), else None."""
-    if not isinstance(value, dict) or not all(isinstance(value.get(t), dict) for t in TABLES):
-        return None
-    users = value["users"]
-    if not users or not all(isinstance(u, dict) for u in users.values()):
-        return None
-    return value
+    return read_tables(value, TABLES)
 
 
 # --------------------------------------------------------------------------------------
 # The episode
 # --------------------------------------------------------------------------------------
-class _Episode:
-    """Messages in the output format, every call executed on the scenario copy."""
+class _Episode(ScriptedEpisode):
+    """An airline conversation: the user gives their id, the agent reads the profile."""
 
-    def __init__(self, env: AirlineEnv, rng: random.Random, user_id: str) -> None:
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.messages: list[Message] = []
-
-    @property
-    def user(self) -> dict[str, Any]:
-        found: dict[str, Any] = self.env.state["users"][self.user_id]
-        return found
-
-    def say_user(self, text: str) -> None:
-        self.messages.append({"role": "user", "content": text})
-
-    def say(self, text: str) -> None:
-        self.messages.append({"role": "assistant", "content": text})
-
-    def call(self, name: str, arguments: dict[str, Any], reasoning: str) -> str:
-        self.messages.append(
-            {
-                "role": "assistant",
-                "reasoning": reasoning,
-                "content": "",
-                "tool_calls": [{"name": name, "arguments": arguments}],
-            }
-        )
-        observation = self.env.execute(name, arguments)
-        self.messages.append({"role": "tool", "name": name, "content": observation})
-        return observation
-
-    def pick(self, options: tuple[str, ...]) -> str:
-        return self.rng.choice(options)
+    YES = ("Yes, please.", "Yes.", "Yes, go ahead.", "Sounds good, yes.")
+    FAREWELL = "You're welcome! Have a good trip."
 
     def open(self, request: str) -> None:
         self.say_user(f"{self.pick(_GREETINGS)} {request} My user id is {self.user_id}.")
@@ -125,16 +92,6 @@ class _Episode:
             {"user_id": self.user_id},
             "The user gave their user id; look up the profile before anything else.",
         )
-
-    def confirm(self, summary: str) -> None:
-        self.say(f"{summary} Do you want me to go ahead (yes/no)?")
-        self.say_user(self.pick(("Yes, please.", "Yes.", "Yes, go ahead.", "Sounds good, yes.")))
-
-    def close(self, text: str) -> None:
-        self.say(text)
-        if self.rng.random() < 0.5:
-            self.say_user(self.pick(("Thanks, that's all.", "Great, thank you!", "Perfect.")))
-            self.say("You're welcome! Have a good trip.")
 
 
 def _payer(user: dict[str, Any], cost: int) -> str | None:
@@ -371,10 +328,7 @@ def grounded_trajectory(
         return None
     ep = _Episode(env, rng, user_id)
     try:
-        feasible = [p for p in PLOTS if _feasible(ep, p)]
-        asked = [p for p, tool in PLOTS.items() if tool in reference_tools and p in feasible]
-        plot = asked[0] if asked else rng.choice(feasible)
-        _PLAYERS[plot](ep)
+        _PLAYERS[choose_plot(PLOTS, lambda p: _feasible(ep, p), rng, reference_tools)](ep)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # a state that is airline-shaped but not consistent enough to play
     return {"messages": ep.messages}

@@ -24,6 +24,7 @@ from typing import Any
 
 from factory.envs.base import Environment
 from factory.envs.plugin import DevserverHooks
+from factory.envs.scripted import ScriptedEpisode, choose_plot, read_tables
 
 __all__ = [
     "ID_KEYS",
@@ -67,61 +68,24 @@ ID_KEYS = frozenset({"return_items", "exchange_items", "exchange_new_items"})
 _GREETINGS = ("Hi!", "Hello.", "Hey there,", "Good afternoon.", "Hi,")
 _STREETS = ("Oak Street", "Pine Avenue", "Lakeview Drive", "Hillcrest Road", "River Lane")
 
-Message = dict[str, Any]
 State = dict[str, Any]
 World = Callable[[State], Environment]
 
 
 def read_state(value: Any) -> State | None:
     """``value`` if it is a retail state with users (a prompt's environment block), else None."""
-    if not isinstance(value, dict) or not all(isinstance(value.get(t), dict) for t in TABLES):
-        return None
-    users = value["users"]
-    if not users or not all(isinstance(u, dict) for u in users.values()):
-        return None
-    return value
+    return read_tables(value, TABLES)
 
 
 # --------------------------------------------------------------------------------------
 # The episode
 # --------------------------------------------------------------------------------------
-class _Episode:
-    """Messages in the output format, every call executed on the scenario's world."""
+class _Episode(ScriptedEpisode):
+    """A retail conversation: the user gives their email, the agent finds and reads them."""
 
-    def __init__(self, env: Environment, rng: random.Random, user_id: str) -> None:
-        self.env, self.rng, self.user_id = env, rng, user_id
-        self.messages: list[Message] = []
-
-    @property
-    def state(self) -> State:
-        return self.env.state
-
-    @property
-    def user(self) -> dict[str, Any]:
-        found: dict[str, Any] = self.state["users"][self.user_id]
-        return found
-
-    def say_user(self, text: str) -> None:
-        self.messages.append({"role": "user", "content": text})
-
-    def say(self, text: str) -> None:
-        self.messages.append({"role": "assistant", "content": text})
-
-    def call(self, name: str, arguments: dict[str, Any], reasoning: str) -> str:
-        self.messages.append(
-            {
-                "role": "assistant",
-                "reasoning": reasoning,
-                "content": "",
-                "tool_calls": [{"name": name, "arguments": arguments}],
-            }
-        )
-        observation = self.env.execute(name, arguments)
-        self.messages.append({"role": "tool", "name": name, "content": observation})
-        return observation
-
-    def pick(self, options: tuple[str, ...]) -> str:
-        return self.rng.choice(options)
+    ASK = "Shall I go ahead (yes/no)?"
+    YES = ("Yes, please.", "Yes.", "Yes, go ahead.", "Yes, that's right.")
+    FAREWELL = "You're welcome! Have a nice day."
 
     def open(self, request: str) -> None:
         email = self.user["email"]
@@ -146,16 +110,6 @@ class _Episode:
             )
         )
         return found
-
-    def confirm(self, summary: str) -> None:
-        self.say(f"{summary} Shall I go ahead (yes/no)?")
-        self.say_user(self.pick(("Yes, please.", "Yes.", "Yes, go ahead.", "Yes, that's right.")))
-
-    def close(self, text: str) -> None:
-        self.say(text)
-        if self.rng.random() < 0.5:
-            self.say_user(self.pick(("Thanks, that's all.", "Great, thank you!", "Perfect.")))
-            self.say("You're welcome! Have a nice day.")
 
 
 def _orders(ep: _Episode, status: str) -> list[dict[str, Any]]:
@@ -404,10 +358,7 @@ def grounded_trajectory(
     try:
         env = world(deepcopy(scenario))
         ep = _Episode(env, rng, user_id)
-        feasible = [p for p in PLOTS if _feasible(ep, p)]
-        asked = [p for p, tool in PLOTS.items() if tool in reference_tools and p in feasible]
-        plot = asked[0] if asked else rng.choice(feasible)
-        _PLAYERS[plot](ep)
+        _PLAYERS[choose_plot(PLOTS, lambda p: _feasible(ep, p), rng, reference_tools)](ep)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         return None  # a state that is retail-shaped but not consistent enough to play
     return {"messages": ep.messages}
