@@ -34,9 +34,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-# tau-bench's calculator is the same tool in both domains: one implementation, whose
-# source (with its bounded evaluator) is what code(a) shows for either.
-from factory.envs.airline.tools import calculate
+from factory.envs.common_tools import calculate, think, transfer_to_human_agents
 from factory.errors import EnvironmentError_
 
 __all__ = [
@@ -329,14 +327,6 @@ def list_all_product_types(data: dict[str, Any]) -> str:
     """Product name -> product id, sorted by name (a later product wins a shared name)."""
     by_name = {product["name"]: product["product_id"] for product in data["products"].values()}
     return json.dumps(dict(sorted(by_name.items())))
-
-
-def think(data: dict[str, Any], thought: str) -> str:
-    return ""
-
-
-def transfer_to_human_agents(data: dict[str, Any], summary: str) -> str:
-    return "Transfer successful"
 
 
 # --- registry ---------------------------------------------------------------------------
