@@ -15,8 +15,8 @@ from copy import deepcopy
 from typing import Any
 
 from factory.core.delta import same_json
-from factory.envs.airline.slices import trim
 from factory.envs.base import Environment
+from factory.envs.slicing import trim
 from factory.errors import ConfigError, short
 
 __all__ = ["BOOKING_WINDOW", "MAX_RESERVATIONS", "OFFERED_ROUTES", "AirlineScenarios"]

@@ -33,6 +33,7 @@ from copy import deepcopy
 from typing import Any
 
 from factory.envs.airline.tools import NEW_RESERVATION_IDS, next_day
+from factory.envs.slicing import project_like, trim
 
 __all__ = ["TABLES", "TRIMMED", "empty_slice", "project", "slice_for", "trim"]
 
@@ -165,17 +166,6 @@ def slice_for(state: dict[str, Any], tool_name: str, arguments: Any) -> dict[str
     }
 
 
-def trim(entity: Any, field: str, keys: Iterable[str]) -> Any:
-    """A deep copy of ``entity`` whose mapping ``field`` keeps only ``keys``."""
-    inner = entity.get(field) if isinstance(entity, dict) else None
-    if not isinstance(inner, dict):
-        return deepcopy(entity)
-    keep = set(keys)
-    out = {k: deepcopy(v) for k, v in entity.items() if k != field}
-    out[field] = {k: deepcopy(v) for k, v in inner.items() if k in keep}
-    return out
-
-
 def project(state: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
     """The objects of ``state`` that ``like`` (a slice) holds, trimmed the same way.
 
@@ -187,19 +177,4 @@ def project(state: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
         A deep-copied state with ``like``'s tables and ids (and, for flights,
         ``like``'s dates).
     """
-    out: dict[str, Any] = {}
-    for table, entries in like.items():
-        source = state.get(table)
-        if not isinstance(entries, dict) or not isinstance(source, dict):
-            out[table] = deepcopy(source)
-            continue
-        field = TRIMMED.get(table)
-        out[table] = {}
-        for key, shape in entries.items():
-            if key not in source:
-                continue
-            if field and isinstance(shape, dict) and isinstance(shape.get(field), dict):
-                out[table][key] = trim(source[key], field, shape[field])
-            else:
-                out[table][key] = deepcopy(source[key])
-    return out
+    return project_like(state, like, TRIMMED)

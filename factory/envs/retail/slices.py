@@ -26,7 +26,7 @@ from __future__ import annotations
 from copy import deepcopy
 from typing import Any
 
-from factory.envs.airline.slices import trim
+from factory.envs.slicing import project_like, trim
 
 __all__ = ["TABLES", "TRIMMED", "project", "slice_for"]
 
@@ -134,19 +134,4 @@ def project(state: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
         A deep-copied state with ``like``'s tables and ids (for products, ``like``'s
         variants); ids of ``like`` missing from ``state`` are left out.
     """
-    out: dict[str, Any] = {}
-    for table, entries in like.items():
-        source = state.get(table)
-        if not isinstance(entries, dict) or not isinstance(source, dict):
-            out[table] = deepcopy(source)
-            continue
-        field = TRIMMED.get(table)
-        out[table] = {}
-        for key, shape in entries.items():
-            if key not in source:
-                continue
-            if field and isinstance(shape, dict) and isinstance(shape.get(field), dict):
-                out[table][key] = trim(source[key], field, shape[field])
-            else:
-                out[table][key] = deepcopy(source[key])
-    return out
+    return project_like(state, like, TRIMMED)
