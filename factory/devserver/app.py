@@ -603,27 +603,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
                 payload["model"], payload["messages"], payload.get("tools")
             )
             completion_tokens = _tokens(content)
-            response = {
-                "id": f"chatcmpl-{digest.hex()[:24]}{attempt:04x}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": payload["model"],
-                "system_fingerprint": FINGERPRINT,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "logprobs": None,
-                        "finish_reason": finish,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": cached},
-                },
-            }
+            response = _completion(
+                f"chatcmpl-{digest.hex()[:24]}{attempt:04x}",
+                payload["model"],
+                content,
+                finish,
+                (prompt_tokens, cached, completion_tokens),
+            )
             text = json.dumps(response, ensure_ascii=False)
             await asyncio.sleep(max(0.0, latency - (time.monotonic() - arrived)))
         finally:
@@ -665,11 +651,26 @@ def _batch_answer(state: _State, body: dict[str, Any]) -> dict[str, Any]:
         completed=1, prompt_tokens=prompt_tokens, cached_tokens=cached,
         completion_tokens=completion_tokens,
     )  # fmt: skip
+    return _completion(
+        f"chatcmpl-{digest.hex()[:24]}",
+        body["model"],
+        content,
+        finish,
+        (prompt_tokens, cached, completion_tokens),
+    )
+
+
+def _completion(
+    completion_id: str, model: str, content: str, finish: str, usage: tuple[int, int, int]
+) -> dict[str, Any]:
+    """A ``chat.completion`` object as OpenAI returns it (``usage``: prompt tokens, of
+    which cached, completion tokens), for the online and the batch path alike."""
+    prompt_tokens, cached, completion_tokens = usage
     return {
-        "id": f"chatcmpl-{digest.hex()[:24]}",
+        "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": body["model"],
+        "model": model,
         "system_fingerprint": FINGERPRINT,
         "choices": [
             {
