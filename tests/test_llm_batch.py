@@ -309,3 +309,91 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
     assert all(r["cached"] is True and r["paid_usd"] == 0.0 for r in again)
     assert batch_summary(tmp_path / "out")["count"] == 1  # type: ignore[index]
     assert sum(1 for r in _log(log) if r.get("kind") == "batch_submit") == 6
+
+
+def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
+    devserver, tmp_path, monkeypatch
+) -> None:
+    """Batch answers come long after submission: each request reserves its estimated
+    cost at the Batch price when submitted, so a cap smaller than the whole batch stops
+    submission instead of being overshot by the batch in flight; answers settle it."""
+    from factory.config import load_recipe
+    from factory.core.formats import parse_record
+    from factory.engine.budget import BudgetState
+    from factory.engine.stages import llm_stage
+    from factory.engine.stages.amplify import AmplifyStage
+
+    from .conftest import ROOT
+
+    class Remote:
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def remote(self, *args: Any) -> Any:
+            async def call() -> Any:
+                return self.fn(*args)
+
+            return call()
+
+    class LocalBudget:  # the BudgetActor's methods, awaited as the stage does
+        def __init__(self, state: BudgetState) -> None:
+            self.state, self.asked = state, []
+            self.try_start = Remote(self._try_start)
+            self.finish = Remote(state.finish)
+            self.release = Remote(state.release)
+
+        def _try_start(self, cost: float = 0.0, tokens: int = 0) -> bool:
+            self.asked.append(cost)
+            return self.state.try_start(cost, tokens)
+
+    log = tmp_path / "requests.jsonl"
+    server = devserver(batch_delay_s=0.3, request_log=str(log))
+    lines = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[:3]
+    kept = {}
+    for i, line in enumerate(lines):
+        traj = parse_record(json.loads(line), source=f"s:{i}")
+        kept[traj.id] = traj.to_json()
+    rows = [{"status": "ok", "call_index": i, "id": None} for i in range(6)]
+
+    def run(out: str, cap: float) -> tuple[list[dict[str, Any]], LocalBudget]:
+        budget = LocalBudget(BudgetState(max_cost_usd=cap))
+        monkeypatch.setattr(llm_stage, "find_budget", lambda cfg: budget)
+        cfg = load_recipe(
+            ROOT / "pipelines" / "airline-batch.yaml",
+            [
+                f"output.dir={tmp_path / out}",
+                f"amplify.max_cost_usd={cap}",
+                "llm.sampling.max_completion_tokens=4000",
+                "llm.endpoints=" + json.dumps([{"base_url": server.url}]),
+                "llm.backend_options={poll_interval_s: 0.05, poll_max_s: 0.3}",
+            ],
+        )
+
+        async def go(stage: AmplifyStage) -> list[dict[str, Any]]:
+            try:
+                return await stage.arun_rows([dict(r) for r in rows])
+            finally:
+                await stage.backend.aclose()
+                if stage.cache is not None:
+                    stage.cache.close()
+
+        return asyncio.run(go(AmplifyStage(cfg, kept))), budget
+
+    _, free = run("probe", 1000.0)  # every request's reservation, none refused
+    reserved = free.asked
+    assert len(reserved) == 6 and all(r > 0 for r in reserved)
+    # At the price of gpt-5's Batch tier, the 4,000 output tokens dominate the estimate.
+    assert min(reserved) > 4000 * 5.0 / 1e6
+    assert free.state.reserved_cost_usd == pytest.approx(0.0, abs=1e-12)  # all settled
+    assert 0 < free.state.cost_usd < sum(reserved)  # real answers are shorter
+
+    cap = sum(sorted(reserved)[:2]) + min(reserved) / 2  # room for two reservations
+    out, budget = run("capped", cap)
+    submitted = [r for r in out if r["status"] == "ok"]
+    unissued = [r for r in out if r["status"] == "unissued"]
+    assert 1 <= len(submitted) <= 2 and len(submitted) + len(unissued) == 6
+    assert {r["reason"] for r in unissued} == {"budget"}
+    assert budget.state.stopped_by == "max_cost_usd" and budget.state.cost_usd <= cap
+    assert budget.state.reserved_cost_usd == pytest.approx(0.0, abs=1e-12)
+    sent = [r for r in _log(log) if r.get("kind") == "batch_submit"]
+    assert len(sent) == 6 + len(submitted)  # the probe's six, then only the admitted

@@ -7,6 +7,16 @@ each *new* call (``try_start``) and reports what the call cost (``finish``).
 Once a cap is reached no new call starts, so the spend exceeds the cap by at
 most what the calls already in flight cost.
 
+A batch API answers hours after a request is submitted, so counting spend on the
+answer would let every batch in flight overshoot. A batched request therefore
+*reserves* its estimated cost and tokens when it is submitted (``try_start(cost,
+tokens)``): reservations count against the caps like spend, a request whose
+reservation would cross a cap is not submitted, and the answer settles it
+(``finish(..., reserved=...)``: the reservation is released and the real spend
+counted); a request that gets no answer releases it (``release``). With
+``max_completion_tokens`` set the estimate is an upper bound on the output, so
+the caps hold within the prompt-size estimate.
+
 Cached responses were paid for by an earlier run: they are never refused (they
 cost nothing now) but their recorded cost and tokens count towards the caps,
 so a cap means the total spend behind one output folder, across resumes, and
@@ -75,29 +85,50 @@ class BudgetState:
     calls: int = 0  # new calls started (cached replays are not calls)
     refused: int = 0
     stopped_by: str | None = field(default=None)
+    reserved_cost_usd: float = 0.0  # submitted batched requests not answered yet
+    reserved_tokens: int = 0
 
-    def exhausted(self) -> str | None:
-        """The first cap reached, or None."""
-        if self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+    def exhausted(self, cost_usd: float = 0.0, tokens: int = 0) -> str | None:
+        """The first cap reached, or None; with a reservation (``cost_usd``,
+        ``tokens`` > 0): the first cap it would cross."""
+        spent = self.cost_usd + self.reserved_cost_usd
+        used = self.tokens + self.reserved_tokens
+        if self.max_cost_usd is not None and (
+            spent >= self.max_cost_usd or (cost_usd > 0 and spent + cost_usd > self.max_cost_usd)
+        ):
             return "max_cost_usd"
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+        if self.max_tokens is not None and (
+            used >= self.max_tokens or (tokens > 0 and used + tokens > self.max_tokens)
+        ):
             return "max_tokens"
         if self.max_calls is not None and self.calls >= self.max_calls:
             return "max_calls"
         return None
 
-    def try_start(self) -> bool:
-        """May one more new call start? Counts it when yes."""
-        cap = self.exhausted()
+    def try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
+        """May one more new call start? Counts it, and reserves ``cost_usd`` and
+        ``tokens`` (a batched request's estimate), when yes."""
+        cap = self.exhausted(cost_usd, tokens)
         if cap is not None:
             self.stopped_by = self.stopped_by or cap
             self.refused += 1
             return False
         self.calls += 1
+        self.reserved_cost_usd += cost_usd
+        self.reserved_tokens += tokens
         return True
 
-    def finish(self, cost_usd: float, tokens: int) -> None:
-        """Record a completed call's (or a cached replay's) cost and tokens."""
+    def release(self, cost_usd: float = 0.0, tokens: int = 0) -> None:
+        """Give back a reservation whose request got no answer (it costs nothing)."""
+        self.reserved_cost_usd = max(0.0, self.reserved_cost_usd - cost_usd)
+        self.reserved_tokens = max(0, self.reserved_tokens - tokens)
+
+    def finish(
+        self, cost_usd: float, tokens: int, reserved: tuple[float, int] = (0.0, 0)
+    ) -> None:
+        """Record a completed call's (or a cached replay's) cost and tokens, settling the
+        reservation it was submitted with."""
+        self.release(*reserved)
         self.cost_usd += float(cost_usd or 0.0)
         self.tokens += int(tokens or 0)
 
@@ -111,11 +142,16 @@ class BudgetActor:
     def __init__(self, **caps: Any):
         self.state = BudgetState(**caps)
 
-    async def try_start(self) -> bool:
-        return self.state.try_start()
+    async def try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
+        return self.state.try_start(cost_usd, tokens)
 
-    async def finish(self, cost_usd: float, tokens: int) -> None:
-        self.state.finish(cost_usd, tokens)
+    async def release(self, cost_usd: float = 0.0, tokens: int = 0) -> None:
+        self.state.release(cost_usd, tokens)
+
+    async def finish(
+        self, cost_usd: float, tokens: int, reserved: tuple[float, int] = (0.0, 0)
+    ) -> None:
+        self.state.finish(cost_usd, tokens, reserved)
 
     async def snapshot(self) -> dict[str, Any]:
         return self.state.snapshot()

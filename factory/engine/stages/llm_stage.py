@@ -28,6 +28,7 @@ from typing import Any
 from factory.config import RecipeConfig
 from factory.core.trajectory import canonical_json
 from factory.engine import watchdog
+from factory.engine.prompts import estimate_tokens
 from factory.engine.stages.base import UNISSUED, Stage, fail
 from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
@@ -41,6 +42,7 @@ from factory.llm.backends import (
     get_backend,
 )
 from factory.llm.batcher import Batcher
+from factory.llm.pricing import Price, cost
 from factory.secrets import redact
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "record_failure",
     "render",
     "request_id",
+    "reservation",
 ]
 
 
@@ -108,6 +111,24 @@ def build_backend_for(cfg: RecipeConfig, model: str) -> Backend:
         sleep=wait_without_slot,  # no retry once the run's driver is gone
         batch_journal=BatchJournal(Path(cfg.output.dir)) if batched else None,
     )
+
+
+def reservation(
+    request: LLMRequest, price: Price | None, max_output: int | None
+) -> tuple[float, int]:
+    """What a batched request reserves against the budget caps when it is submitted:
+    (estimated cost at the Batch-tier ``price``, estimated tokens).
+
+    Prompt tokens are estimated from the messages' text (4 characters a token, no cache
+    discount); output tokens are ``max_output`` (the recipe's ``max_completion_tokens``,
+    an upper bound) or, without one, as many as the prompt (an amplification answer is
+    about as long as the reference it rewrites, which the prompt holds).
+    """
+    text = "".join(str(m.get("content") or "") for m in request.messages)
+    prompt = estimate_tokens(text)
+    output = max_output if max_output is not None else prompt
+    usage = {"prompt_tokens": prompt, "completion_tokens": output}
+    return cost(usage, price), prompt + output
 
 
 def build_client(cfg: RecipeConfig, model: str) -> OnlineBackend:
@@ -276,12 +297,23 @@ class LLMStage(Stage):
     _batcher: Batcher | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cache_error: str | None = None  # set by the first failed cache write: no new call starts
+    #: Batched backends: (Batch-tier price, max output tokens) to reserve budget with.
+    _reserve_basis: tuple[Price | None, int | None] | None = None
 
     def attach(self, cfg: RecipeConfig) -> None:
         """Open this actor's view of the run's response cache and find its budget actor."""
         self.cache = open_cache(cfg)
         self.budget = find_budget(cfg)
         self.slots = per_actor_concurrency(cfg)
+        if self.backend.batched and self.budget is not None:
+            assert cfg.llm is not None
+            prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+            sampling = cfg.llm.sampling
+            max_output = sampling.get("max_completion_tokens") or sampling.get("max_tokens")
+            self._reserve_basis = (
+                prices.lookup_batch(self.backend.model),
+                int(max_output) if max_output else None,
+            )
 
     def close(self) -> None:
         """Close the cache and the backend's sessions (on the loop that opened them)."""
@@ -314,11 +346,11 @@ class LLMStage(Stage):
 
         return list(await asyncio.gather(*(one(r) for r in rows)))
 
-    async def _spend(self, c: Completion) -> None:
+    async def _spend(self, c: Completion, reserved: tuple[float, int] = (0.0, 0)) -> None:
         if self.budget is not None:
             usage = usage_record(c)
             tokens = usage["prompt_tokens"] + usage["completion_tokens"]
-            await self.budget.finish.remote(c.cost_usd, tokens)
+            await self.budget.finish.remote(c.cost_usd, tokens, reserved)
 
     def _store(self, row: dict[str, Any], rid: str, c: Completion) -> None:
         """Put the paid response in the cache. If the cache refuses (disk full,
@@ -337,9 +369,10 @@ class LLMStage(Stage):
                 {"request_id": rid, "record": record, "error": self._cache_error}
             )
 
-    async def _admit(self, row: dict[str, Any]) -> bool:
+    async def _admit(self, row: dict[str, Any], reserved: tuple[float, int] = (0.0, 0)) -> bool:
         """May a new request start? Not when the driver is gone, the cache refused a
-        write (its answer could not be stored) or a budget cap is reached; then the row
+        write (its answer could not be stored) or a budget cap is reached (or, for a
+        batched request, would be crossed by its ``reserved`` estimate); then the row
         is ``unissued``. A request is counted against the caps only when it starts."""
         watchdog.check()  # the driver is gone: no new request
         if self._cache_error is not None:
@@ -350,7 +383,7 @@ class LLMStage(Stage):
                 message=f"not sent: the cache refused a write ({self._cache_error})",
             )
             return False
-        if self.budget is not None and not await self.budget.try_start.remote():
+        if self.budget is not None and not await self.budget.try_start.remote(*reserved):
             row.update(
                 status=UNISSUED,
                 stage=self.name,
@@ -363,10 +396,17 @@ class LLMStage(Stage):
     async def _send(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
         """Admit, send and keep one request: the answer is stored and spent before it is
         returned; None when the row did not get one (unissued or failed)."""
-        if not await self._admit(row):
+        reserved = (0.0, 0)
+        if self._reserve_basis is not None:
+            reserved = reservation(request, *self._reserve_basis)
+        if not await self._admit(row, reserved):
             return None
         if self._batcher is not None:
-            result = await self._batcher.submit(request)
+            try:
+                result = await self._batcher.submit(request)
+            except BaseException:
+                await self._release(reserved)
+                raise
         else:
             results = [r async for r in self.backend.run([request])]
             if len(results) != 1 or results[0].request_id != request.request_id:
@@ -376,14 +416,20 @@ class LLMStage(Stage):
                 )
             result = results[0]
         if result.error is not None:
+            await self._release(reserved)
             record_failure(row, self.name, result.error)
             return None
         assert result.completion is not None
         c = redacted(result.completion)
         if self.cache is not None:  # persisted before anything else can go wrong
             self._store(row, request.request_id, c)
-        await self._spend(c)  # (online: inside the slot, so the next call sees this cost)
+        await self._spend(c, reserved)  # (online: inside the slot: the next call sees it)
         return c
+
+    async def _release(self, reserved: tuple[float, int]) -> None:
+        """Give back a batched request's reservation: it got no answer, so no bill."""
+        if self.budget is not None and reserved != (0.0, 0):
+            await self.budget.release.remote(*reserved)
 
     async def call(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
         """Make the request (or replay it from the cache) and record it on ``row``.
