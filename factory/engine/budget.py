@@ -123,9 +123,7 @@ class BudgetState:
         self.reserved_cost_usd = max(0.0, self.reserved_cost_usd - cost_usd)
         self.reserved_tokens = max(0, self.reserved_tokens - tokens)
 
-    def finish(
-        self, cost_usd: float, tokens: int, reserved: tuple[float, int] = (0.0, 0)
-    ) -> None:
+    def finish(self, cost_usd: float, tokens: int, reserved: tuple[float, int] = (0.0, 0)) -> None:
         """Record a completed call's (or a cached replay's) cost and tokens, settling the
         reservation it was submitted with."""
         self.release(*reserved)
