@@ -92,7 +92,11 @@ class Runtime:
         """A runtime from command-line style options (``python -m factory.simenv serve``)."""
         spec = DomainSpec.load(domain, tasks=load_tasks(tasks), db=db, world_seed=world_seed)
         llm = llm_config(base_url, model, concurrency=concurrency) if base_url else None
-        cache = ResponseCache(str(cache_dir)) if cache_dir is not None else None
+        # Servers of a fleet share the folder: a miss is about to pay for a call, so it
+        # first looks at what the other servers wrote (no 1 s refresh throttle).
+        cache = (
+            ResponseCache(str(cache_dir), refresh_interval_s=0.0) if cache_dir is not None else None
+        )
         writer = RolloutWriter(rollouts) if rollouts is not None else None
         return cls(spec, llm, cache, budget, settings or EnvSettings(), concurrency, model, writer)
 
