@@ -257,6 +257,45 @@ def test_min_per_tool_is_checked_in_the_file() -> None:
         )
 
 
+def test_max_per_tool_caps_a_dominant_tool_and_fills_from_the_others() -> None:
+    rows = _rows({"book": 600, "read": 100, "airports": 60})
+    quota = {"name": "nc", "group": "No-Change", "count": 120}
+    plain = select(rows, Mixture.from_dict({"name": "m", "quotas": [quota]}), seed=0)
+    capped = select(
+        rows,
+        Mixture.from_dict({"name": "m", "min_per_tool": 5, "max_per_tool": 40, "quotas": [quota]}),
+        seed=0,
+    )
+    assert plain.summary()["tools"]["book"] > 40  # what the option changes
+    tools = capped.summary()["tools"]
+    assert max(tools.values()) <= 40 and sum(tools.values()) == 120 and capped.shortfall == {}
+    assert capped.tool_capped.get("book", 0) > 0 and "passed over" in capped.report()
+    again = select(
+        list(reversed(rows)),
+        Mixture.from_dict({"name": "m", "min_per_tool": 5, "max_per_tool": 40, "quotas": [quota]}),
+        seed=0,
+    )
+    assert sorted(again.ids) == sorted(capped.ids)  # deterministic whatever the order
+    short = select(
+        rows,
+        Mixture.from_dict({"name": "m", "max_per_tool": 30, "quotas": [quota]}),
+        seed=0,
+    )
+    assert short.shortfall == {"nc": 30} and len(short.selected) == 90  # 3 tools x 30
+
+
+def test_max_per_tool_is_checked_and_scaled_with_the_mixture() -> None:
+    quota = {"name": "f", "group": "Failure", "count": 100}
+    for bad in (0, -3, "many", 2):
+        with pytest.raises(ConfigError, match="max_per_tool"):
+            Mixture.from_dict(
+                {"name": "m", "min_per_tool": 3, "max_per_tool": bad, "quotas": [quota]}
+            )
+    mix = Mixture.from_dict({"name": "m", "min_per_tool": 3, "max_per_tool": 40, "quotas": [quota]})
+    assert mix.scaled(0.1).max_per_tool == 4 and mix.scaled(0.01).max_per_tool == 3
+    assert Mixture.from_dict(mix.to_dict()) == mix
+
+
 # --- the held-out split's pure parts ----------------------------------------------------------
 
 

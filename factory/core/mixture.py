@@ -10,6 +10,7 @@ File format (``pipelines/mixtures/<name>.yaml``)::
     name: balance2
     description: optional text
     min_per_tool: 5                    # optional: every tool appears at least 5 times
+    max_per_tool: 400                  # optional: and at most 400 times
     quotas:
       - name: complex_change           # unique; keys of counts / shortfall
         count: 2230                    # rows wanted (0 disables the quota)
@@ -23,7 +24,10 @@ File format (``pipelines/mixtures/<name>.yaml``)::
 ``min_per_tool`` (tool balance) asks the selection to take, before filling the
 quotas, that many rows of every tool (a step's ``labels.tool``; the envsim job
 names every tool of the domain, so a tool no candidate calls is a shortfall).
-The rows still count against the quotas they match.
+The rows still count against the quotas they match. ``max_per_tool`` caps every
+tool (EnvSimBench's airline rows were a third ``book_reservation``): once a tool has
+that many rows, its other candidates are passed over and the quota fills from other
+tools' rows, or reports the shortfall.
 
 A quota needs ``group`` or ``outcome``; the other selectors narrow it. A sample
 whose label is missing or ``None`` never matches a selector on that label, so a
@@ -47,7 +51,7 @@ from factory.errors import ConfigError, short
 __all__ = ["IntSet", "Mixture", "Quota"]
 
 OUTCOMES: tuple[str, ...] = STEP_OUTCOMES + TRAJECTORY_OUTCOMES
-_MIXTURE_KEYS = ("name", "description", "min_per_tool", "quotas")
+_MIXTURE_KEYS = ("name", "description", "min_per_tool", "max_per_tool", "quotas")
 _QUOTA_KEYS = (
     "name",
     "count",
@@ -176,6 +180,7 @@ class Mixture:
     quotas: tuple[Quota, ...]
     description: str = ""
     min_per_tool: int = 0
+    max_per_tool: int | None = None
 
     @property
     def total(self) -> int:
@@ -221,17 +226,30 @@ class Mixture:
                 f"must be a non-negative integer, got {short(min_per_tool, 40)}",
                 key_path="min_per_tool",
             )
+        max_per_tool = data.get("max_per_tool")
+        if max_per_tool is not None and (
+            not _is_count(max_per_tool) or max_per_tool < max(1, min_per_tool)
+        ):
+            raise ConfigError(
+                f"must be an integer of at least max(1, min_per_tool) = {max(1, min_per_tool)},"
+                f" got {short(max_per_tool, 40)}",
+                key_path="max_per_tool",
+            )
         return cls(
             name=name,
             quotas=tuple(quotas),
             description=_text(data, "description", ""),
             min_per_tool=min_per_tool,
+            max_per_tool=max_per_tool,
         )
 
     def scaled(self, factor: float, name: str | None = None) -> Mixture:
         """The same quotas with ``ceil(count * factor)`` rows each (a held-out split's mix)."""
         quotas = tuple(replace(q, count=math.ceil(q.count * factor - 1e-9)) for q in self.quotas)
-        return replace(self, name=name or self.name, quotas=quotas)
+        cap = self.max_per_tool
+        if cap is not None:
+            cap = max(self.min_per_tool, math.ceil(cap * factor - 1e-9), 1)
+        return replace(self, name=name or self.name, quotas=quotas, max_per_tool=cap)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -239,6 +257,8 @@ class Mixture:
             out["description"] = self.description
         if self.min_per_tool:
             out["min_per_tool"] = self.min_per_tool
+        if self.max_per_tool is not None:
+            out["max_per_tool"] = self.max_per_tool
         out["quotas"] = [q.to_dict() for q in self.quotas]
         return out
 

@@ -20,7 +20,10 @@ Selection rules (all of :func:`select`):
 * **Tool balance**: with the mixture's ``min_per_tool``, every tool (the
   ``tools`` argument, else every tool seen) first gets that many rows, rarest
   tool first, each counted against the first quota it matches that has room;
-  a tool short of rows is reported in ``shortfall`` as ``tool:<name>``.
+  a tool short of rows is reported in ``shortfall`` as ``tool:<name>``. With
+  ``max_per_tool``, a quota passes over the candidates of a tool that already has
+  that many rows (``tool_capped`` counts them); what it then cannot fill is a
+  shortfall like any other.
 * **Decontamination**: rows whose ``task_id`` / ``user_id`` is listed are
   dropped and counted (ids compared as strings, so task ``5`` matches ``"5"``).
 
@@ -214,6 +217,7 @@ class Selection:
     unmatched: int = 0
     duplicates: int = 0
     invalid: dict[str, str] = field(default_factory=dict)
+    tool_capped: dict[str, int] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -275,6 +279,7 @@ class Selection:
             "available": self.available,
             "shortfall": self.shortfall,
             "excluded": self.excluded,
+            "tool_capped": self.tool_capped,
             "tools": dict(
                 sorted(
                     Counter(
@@ -309,6 +314,9 @@ class Selection:
             f"user_id {self.excluded_by['user_id']}); matched no quota {self.unmatched}; "
             f"duplicate ids {self.duplicates}; invalid labels {len(self.invalid)}"
         )
+        if self.tool_capped:
+            passed = ", ".join(f"{tool} {n}" for tool, n in self.tool_capped.items())
+            lines.append(f"  passed over at max_per_tool: {passed}")
         if self.shortfall:
             missing = ", ".join(f"{k} {v}" for k, v in self.shortfall.items())
             lines.append(f"  SHORTFALL (not filled from other quotas): {missing}")
@@ -384,8 +392,8 @@ def select(
     room = [q.count for q in mixture.quotas]
     pre: list[list[_Candidate]] = [[] for _ in mixture.quotas]
     taken: set[str] = set()
+    tool_at = KEPT_LABELS.index("tool")
     if mixture.min_per_tool:
-        tool_at = KEPT_LABELS.index("tool")
         by_tool: dict[str, list[_Candidate]] = defaultdict(list)
         for c in ordered:
             if isinstance(c.values[tool_at], str):
@@ -405,9 +413,15 @@ def select(
                 got += 1
             if got < mixture.min_per_tool:
                 out.shortfall[f"tool:{tool}"] = mixture.min_per_tool - got
+    per_tool: Counter[str] = Counter(
+        c.values[tool_at] for picks in pre for c in picks if isinstance(c.values[tool_at], str)
+    )
+    capped: Counter[str] = Counter()
     for index, quota in enumerate(mixture.quotas):
         cands = [c for c in ordered if c.mask >> index & 1 and c.id not in taken]
-        picks = pre[index] + _coverage_order(cands)[: room[index]]
+        picks = pre[index] + _capped(
+            _coverage_order(cands), room[index], mixture.max_per_tool, per_tool, capped
+        )
         taken.update(c.id for c in picks)
         out.selected.extend(
             {"id": c.id, "quota": quota.name, "labels": _unproject(c.values)} for c in picks
@@ -422,4 +436,29 @@ def select(
         }
         if len(picks) < quota.count:
             out.shortfall[quota.name] = quota.count - len(picks)
+    out.tool_capped = dict(sorted(capped.items()))
     return out
+
+
+def _capped(
+    ordered: list[_Candidate],
+    room: int,
+    cap: int | None,
+    per_tool: Counter[str],
+    capped: Counter[str],
+) -> list[_Candidate]:
+    """The first ``room`` candidates, passing over those of a tool that has ``cap`` rows
+    (counted in ``capped``); ``per_tool`` counts the picks."""
+    tool_at = KEPT_LABELS.index("tool")
+    picks: list[_Candidate] = []
+    for c in ordered:
+        if len(picks) >= room:
+            break
+        tool = c.values[tool_at]
+        if isinstance(tool, str):
+            if cap is not None and per_tool[tool] >= cap:
+                capped[tool] += 1
+                continue
+            per_tool[tool] += 1
+        picks.append(c)
+    return picks

@@ -135,8 +135,20 @@ def _met(
     mixture: Mixture, keys: list[dict[str, Any]], heldout: bool, tools: list[str]
 ) -> tuple[int, bool]:
     """Rows of ``mixture`` one side of the split could fill now, and whether every tool
-    has ``mixture.min_per_tool`` candidates there (tool balance)."""
+    has ``mixture.min_per_tool`` candidates there (tool balance). With ``max_per_tool``
+    a tool's candidates beyond the cap do not count: the selection would pass them over."""
     labels = [k["labels"] for k in keys if k["heldout"] is heldout]
+    if mixture.max_per_tool is not None:
+        seen: Counter[Any] = Counter()
+        kept = []
+        for lab in labels:
+            tool = lab.get("tool")
+            if isinstance(tool, str):
+                if seen[tool] >= mixture.max_per_tool:
+                    continue
+                seen[tool] += 1
+            kept.append(lab)
+        labels = kept
     available = _available(mixture, labels)
     rows = sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
     if not mixture.min_per_tool:
