@@ -207,6 +207,52 @@ def test_a_domain_without_the_switch_is_a_config_error(monkeypatch: pytest.Monke
         EpisodeSampler("airline", 0, validate_arguments=False)
 
 
+# --- retail: the same bar ---------------------------------------------------------------------
+
+RETAIL_TOOLS = {t["name"]: t for t in json.loads((ROOT / "prompts/retail/tools.json").read_text())}
+RETAIL_WANTED = {
+    "exchange_delivered_order_items",
+    "return_delivered_order_items",
+    "modify_pending_order_items",
+    "modify_pending_order_payment",
+    "cancel_pending_order",
+}
+
+
+@pytest.fixture(scope="module")
+def retail_samples() -> list[dict[str, Any]]:
+    """Step samples of the retail sampler, until its writes that compute values were called."""
+    sampler = EpisodeSampler("retail", 0)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for index in range(400):
+        for step in sampler.steps(1, seed=0, start=index):
+            out.append(step.to_dict())
+            if not step.observation.startswith("Error"):
+                seen.add(step.tool)
+        if seen >= RETAIL_WANTED and len(out) >= 150:
+            break
+    assert seen >= RETAIL_WANTED
+    return out
+
+
+@pytest.mark.parametrize("layout", ["factory", "envsimbench"])
+def test_retail_outputs_are_derivable_and_its_errors_speak_the_tools_terms(
+    retail_samples: list[dict[str, Any]], tmp_path: Path, layout: str
+) -> None:
+    cfg = recipe("retail-envsim.yaml", tmp_path, f"envsim.layout={layout}")
+    bad = {}
+    for sample in retail_samples:
+        missing = underivable(alpaca_row(cfg, sample, RETAIL_TOOLS))
+        if missing:
+            bad[sample["tool"]] = missing
+    assert bad == {}
+    errors = [s["observation"] for s in retail_samples if s["observation"].startswith("Error")]
+    assert errors  # the sampler's wrong calls are in the scan
+    internals = ("invoke()", "positional argument", "Traceback", "KeyError", "NoneType")
+    assert [e for e in errors if any(word in e for word in internals)] == []
+
+
 # --- tool balance -------------------------------------------------------------------------------
 
 
