@@ -267,6 +267,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         )
     driver_env = {**env, "RAY_ADDRESS": f"127.0.0.1:{gcs}"}
     try:
+        # A driver that dials the GCS before it listens can hang far past its own retries
+        # (seen twice on a loaded machine: 300 s of "Failed to connect to GCS"), so wait for
+        # the port first, and give each probe less than the whole deadline.
+        _poll(lambda: head.poll() is not None or _listening(gcs), "the GCS port", deadline_s=300)
         _poll(
             lambda: head.poll() is not None or _fake_gpus_free(driver_env) == 2.0,
             "the Ray head",
@@ -290,15 +294,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             p.kill()
 
 
-def _fake_gpus_free(env: dict[str, str]) -> float | None:
-    """The cluster's unreserved ``fake_gpu`` (a placement group holds them while it lives)."""
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _fake_gpus_free(env: dict[str, str], timeout_s: float = 120.0) -> float | None:
+    """The cluster's unreserved ``fake_gpu`` (a placement group holds them while it lives);
+    None when the probe failed or hung (the caller polls again)."""
     code = (
         "import ray; ray.init(log_to_driver=False); "
         "print(ray.available_resources().get('fake_gpu', 0.0))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True,
+            timeout=timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
     if done.returncode != 0:
         return None
     return float(done.stdout.strip().splitlines()[-1])
