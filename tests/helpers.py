@@ -128,3 +128,32 @@ def booking_args(
         "insurance": "no",
     }
     return {**args, **over}
+
+
+class _Remote:
+    """``actor.method.remote(...)`` for a plain object, awaitable like an ObjectRef."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        async def call() -> Any:
+            return self.fn(*args)
+
+        return call()
+
+
+class LocalBudget:
+    """A ``BudgetActor`` handle without Ray: its methods over a ``BudgetState``, awaited
+    through ``.remote`` as an LLM stage awaits them; ``asked`` records each reservation."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.asked: list[float] = []
+        self.try_start = _Remote(self._try_start)
+        self.finish = _Remote(state.finish)
+        self.release = _Remote(state.release)
+
+    def _try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
+        self.asked.append(cost_usd)
+        return bool(self.state.try_start(cost_usd, tokens))

@@ -65,10 +65,10 @@ def underivable(row: dict[str, str]) -> set[str]:
 WANTED = {"book_reservation", "send_certificate", "list_all_airports"}
 
 
-@pytest.fixture(scope="module")
-def samples() -> list[dict[str, Any]]:
-    """Step samples of the airline sampler, until the tools that create values were called."""
-    sampler = EpisodeSampler("airline", 0)
+def sample_until(domain: str, wanted: set[str]) -> list[dict[str, Any]]:
+    """Step samples of ``domain``'s sampler (150 at least), until every ``wanted`` tool
+    succeeded once: the calls that create or compute values are in the scan."""
+    sampler = EpisodeSampler(domain, 0)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for index in range(400):
@@ -76,10 +76,16 @@ def samples() -> list[dict[str, Any]]:
             out.append(step.to_dict())
             if not step.observation.startswith("Error"):
                 seen.add(step.tool)
-        if seen >= WANTED and len(out) >= 150:
+        if seen >= wanted and len(out) >= 150:
             break
-    assert seen >= WANTED
+    assert seen >= wanted
     return out
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[dict[str, Any]]:
+    """Step samples of the airline sampler, until the tools that create values were called."""
+    return sample_until("airline", WANTED)
 
 
 @pytest.mark.parametrize("layout", ["factory", "envsimbench"])
@@ -222,18 +228,7 @@ RETAIL_WANTED = {
 @pytest.fixture(scope="module")
 def retail_samples() -> list[dict[str, Any]]:
     """Step samples of the retail sampler, until its writes that compute values were called."""
-    sampler = EpisodeSampler("retail", 0)
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for index in range(400):
-        for step in sampler.steps(1, seed=0, start=index):
-            out.append(step.to_dict())
-            if not step.observation.startswith("Error"):
-                seen.add(step.tool)
-        if seen >= RETAIL_WANTED and len(out) >= 150:
-            break
-    assert seen >= RETAIL_WANTED
-    return out
+    return sample_until("retail", RETAIL_WANTED)
 
 
 @pytest.mark.parametrize("layout", ["factory", "envsimbench"])

@@ -324,27 +324,7 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
     from factory.engine.stages.amplify import AmplifyStage
 
     from .conftest import ROOT
-
-    class Remote:
-        def __init__(self, fn: Any) -> None:
-            self.fn = fn
-
-        def remote(self, *args: Any) -> Any:
-            async def call() -> Any:
-                return self.fn(*args)
-
-            return call()
-
-    class LocalBudget:  # the BudgetActor's methods, awaited as the stage does
-        def __init__(self, state: BudgetState) -> None:
-            self.state, self.asked = state, []
-            self.try_start = Remote(self._try_start)
-            self.finish = Remote(state.finish)
-            self.release = Remote(state.release)
-
-        def _try_start(self, cost: float = 0.0, tokens: int = 0) -> bool:
-            self.asked.append(cost)
-            return self.state.try_start(cost, tokens)
+    from .helpers import LocalBudget
 
     log = tmp_path / "requests.jsonl"
     server = devserver(batch_delay_s=0.3, request_log=str(log))

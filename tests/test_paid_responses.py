@@ -24,7 +24,7 @@ from factory.io.cache import ResponseCache, decode_line
 from factory.run import main
 
 from .conftest import ROOT
-from .helpers import dev_overrides, recipe
+from .helpers import LocalBudget, dev_overrides, recipe
 
 # What this work adds is imported where used, so that against the original code each
 # test fails on its own assertion, not on an import.
@@ -53,25 +53,6 @@ def _unstored_lines(out: Path) -> list[bytes]:
         for f in sorted((out / UNSTORED_DIR).glob("*.jsonl"))
         for line in f.read_bytes().splitlines()
     ]
-
-
-class _Remote:
-    """``actor.method.remote(...)`` for a plain object, awaitable like an ObjectRef."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def remote(self, *args: Any) -> Any:
-        async def call() -> Any:
-            return self.fn(*args)
-
-        return call()
-
-
-class FakeBudget:
-    def __init__(self, state: BudgetState) -> None:
-        self.try_start = _Remote(state.try_start)
-        self.finish = _Remote(state.finish)
 
 
 def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
@@ -104,7 +85,7 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
         seeds[traj.id] = traj.to_json()
     stage = AmplifyStage(cfg, seeds)
     budget = BudgetState(max_cost_usd=100.0)
-    stage.budget = FakeBudget(budget)
+    stage.budget = LocalBudget(budget)
 
     async def calls() -> list[dict[str, Any]]:
         try:
