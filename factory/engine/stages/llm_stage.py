@@ -15,6 +15,7 @@ the same tokenize and detokenize stages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import hashlib
@@ -405,7 +406,8 @@ class LLMStage(Stage):
             try:
                 result = await self._batcher.submit(request)
             except BaseException:
-                await self._release(reserved)
+                with contextlib.suppress(Exception):  # the original error is what matters
+                    await self._release(reserved)
                 raise
         else:
             results = [r async for r in self.backend.run([request])]
