@@ -67,6 +67,16 @@ def _log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+async def _run_stage(stage: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drive an LLM stage's rows as its actor would, then close its sessions and cache."""
+    try:
+        return list(await stage.arun_rows([dict(r) for r in rows]))
+    finally:
+        await stage.backend.aclose()
+        if stage.cache is not None:
+            stage.cache.close()
+
+
 def _answered(log: list[dict[str, Any]]) -> Counter[str]:
     return Counter(r["request_id"] for r in log if r.get("kind") == "batch" and r["completed"])
 
@@ -291,21 +301,13 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
         kept[traj.id] = traj.to_json()
     rows = [{"status": "ok", "call_index": i, "id": None} for i in range(6)]
 
-    async def go(stage: AmplifyStage) -> list[dict[str, Any]]:
-        try:
-            return await stage.arun_rows([dict(r) for r in rows])
-        finally:
-            await stage.backend.aclose()
-            if stage.cache is not None:
-                stage.cache.close()
-
-    out = asyncio.run(go(AmplifyStage(cfg, kept)))
+    out = asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows))
     assert [r["status"] for r in out] == ["ok"] * 6
     assert all(r["completion"] and r["cached"] is False and r["paid_usd"] > 0 for r in out)
     summary = batch_summary(tmp_path / "out")
     assert summary is not None and summary["count"] == 1  # one actor's rows: one batch
     assert summary["by_status"] == {"completed": 1}
-    again = asyncio.run(go(AmplifyStage(cfg, kept)))  # a rerun: all from the cache
+    again = asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows))  # a rerun: all from the cache
     assert all(r["cached"] is True and r["paid_usd"] == 0.0 for r in again)
     assert batch_summary(tmp_path / "out")["count"] == 1  # type: ignore[index]
     assert sum(1 for r in _log(log) if r.get("kind") == "batch_submit") == 6
@@ -349,15 +351,7 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
             ],
         )
 
-        async def go(stage: AmplifyStage) -> list[dict[str, Any]]:
-            try:
-                return await stage.arun_rows([dict(r) for r in rows])
-            finally:
-                await stage.backend.aclose()
-                if stage.cache is not None:
-                    stage.cache.close()
-
-        return asyncio.run(go(AmplifyStage(cfg, kept))), budget
+        return asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows)), budget
 
     _, free = run("probe", 1000.0)  # every request's reservation, none refused
     reserved = free.asked
