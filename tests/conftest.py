@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 TAUBENCH = SHARED / "data" / "taubench-airline"
+TAUBENCH_RETAIL = SHARED / "data" / "taubench-retail"
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -46,6 +47,14 @@ def taubench_dir() -> Path:
     if not TAUBENCH.is_dir():
         pytest.skip(f"reference data not found at {TAUBENCH} (../shared is absent)")
     return TAUBENCH
+
+
+@pytest.fixture(scope="session")
+def retail_dir() -> Path:
+    """The tau-bench retail reference folder; tests using it skip only when it is absent."""
+    if not TAUBENCH_RETAIL.is_dir():
+        pytest.skip(f"reference data not found at {TAUBENCH_RETAIL} (../shared is absent)")
+    return TAUBENCH_RETAIL
 
 
 @pytest.fixture(scope="session")

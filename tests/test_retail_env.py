@@ -19,16 +19,6 @@ from factory.envs.registry import get_environment, get_plugin
 from factory.envs.retail import RetailEnv
 from factory.envsim.fidelity import load_trajectories, main, replay_fidelity
 
-RETAIL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "taubench-retail"
-
-
-@pytest.fixture(scope="module")
-def retail_dir() -> Path:
-    if not RETAIL.is_dir():
-        pytest.skip(f"reference data not found at {RETAIL} (../shared is absent)")
-    return RETAIL
-
-
 # --- the bar: every observation of the replays ---------------------------------------------------
 
 

@@ -23,7 +23,11 @@ from factory.simenv.runtime import EnvSettings, Runtime
 from factory.simenv.spec import DomainSpec
 from factory.simenv.tasks import Task, derive_task, load_tasks
 
+from .conftest import ROOT
+
 pytestmark = pytest.mark.shared
+
+RETAIL_SEEDS = ROOT / "seeds" / "retail" / "seeds.jsonl"
 
 
 @pytest.fixture()
@@ -251,6 +255,58 @@ def test_derive_task_from_a_seed_is_cached(devserver, taubench_dir: Path, tmp_pa
     assert a.actions == ({"name": "cancel_reservation", "arguments": {"reservation_id": "ABC123"}},)
     assert "cancel_reservation" in a.expected_outcome
     assert (stats.calls, stats.cache_hits) == (1, 1)
+
+
+def test_tasks_from_seed_files_account_for_every_record_and_replay_from_the_cache(
+    devserver, tmp_path: Path
+) -> None:
+    folder = tmp_path / "seeds"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(RETAIL_SEEDS.read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "b.jsonl").write_text('{"conversations": "not a list"}\n{oops\n', encoding="utf-8")
+    good = sum(1 for line in RETAIL_SEEDS.read_text(encoding="utf-8").splitlines() if line)
+    cache = tmp_path / "cache"
+    rt = Runtime.create("retail", seeds=folder, base_url=devserver(seed=4).url, cache_dir=cache)
+    derived = rt.derived
+    assert derived is not None and not derived.failed
+    assert len(derived.tasks) == len(rt.spec.tasks) == good
+    assert sorted(where for where, _ in derived.rejected) == [
+        f"{folder / 'b.jsonl'}:{i}" for i in (0, 1)
+    ]
+    assert all(why for _, why in derived.rejected)
+    assert {t.origin for t in derived.tasks} == {"seed"}
+    writes = rt.spec.pack.write_tools()
+    assert any(t.actions for t in derived.tasks)
+    assert all(a["name"] in writes for t in derived.tasks for a in t.actions)
+    # no endpoint at all: every derivation is answered by the cache, identically
+    again = Runtime.create("retail", seeds=folder, cache_dir=cache)
+    assert again.derived is not None and again.derived.tasks == derived.tasks
+
+    with pytest.raises(ConfigError, match="needs an LLM") as exc:
+        Runtime.create("retail", seeds=folder)
+    assert exc.value.key_path == "seeds"
+    with pytest.raises(ConfigError, match="not both"):
+        Runtime.create("retail", seeds=folder, tasks=folder / "a.jsonl", cache_dir=cache)
+
+
+def test_a_seed_task_whose_calls_fail_on_the_served_world_is_rewarded_by_the_judge(
+    devserver, retail_dir: Path, tmp_path: Path
+) -> None:
+    url = devserver(seed=4).url
+    rt = Runtime.create(
+        "retail", seeds=RETAIL_SEEDS, db=retail_dir, base_url=url,
+        cache_dir=tmp_path / "c", settings=EnvSettings(mode="executor"),
+    )  # fmt: skip
+    task = next(t for t in rt.spec.tasks if t.actions)
+    assert rt.spec.expected_state(task) is None  # the seed's order is not in tau-bench's store
+    _, observations, result = asyncio.run(_play(rt, task, _gt(task)))
+    assert any(str(o.get("content", "")).startswith("Error") for o in observations[1:])
+    rewards = result.info["rewards"]
+    assert "executor" not in rewards and rewards["source"] == "judge"
+    assert result.reward == rewards["judge"]["reward"] == 0.0
+    # a task file's ground truth is replayed as tau-bench does, a failing action included
+    files = Runtime.create("retail", tasks=retail_dir / "replays-train.json", db=retail_dir)
+    assert files.spec.expected_state(files.spec.task("train-24", 0)) is not None
 
 
 def test_devserver_roles_are_recognised_and_deterministic() -> None:

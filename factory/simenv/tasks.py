@@ -10,6 +10,7 @@ record (``gpt-4o-airline.json``) or as bare task objects; both are read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,9 +19,17 @@ from typing import Any
 
 from factory.core.trajectory import Trajectory
 from factory.envsim.roles import derive_messages, parse_derived
-from factory.errors import ConfigError, short
+from factory.errors import BudgetExceeded, ConfigError, FactoryError, short
+from factory.io.readers import SeedReject, read_seeds
 
-__all__ = ["Task", "derive_task", "load_tasks", "task_from_record"]
+__all__ = [
+    "DerivedTasks",
+    "Task",
+    "derive_task",
+    "load_tasks",
+    "task_from_record",
+    "tasks_from_seeds",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class Task:
         expected_outcome: prose success criterion (tasks derived from seeds).
         user_id: who the task is about, when known.
         reference: chat messages of a seed trajectory (shown to the LLM tool simulator).
+        origin: ``"file"`` (a task file's ground truth) or ``"seed"`` (derived from a
+            seed trajectory, whose calls were made in the seed's world, not the served one).
     """
 
     task_id: str
@@ -44,6 +55,7 @@ class Task:
     expected_outcome: str = ""
     user_id: str | None = None
     reference: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    origin: str = "file"
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "reference"}
@@ -160,7 +172,67 @@ async def derive_task(traj: Trajectory, llm: Any, *, write_tools: Iterable[str] 
         expected_outcome=outcome,
         user_id=traj.metadata.get("user_id"),
         reference=tuple(messages),
+        origin="seed",
     )
+
+
+@dataclass
+class DerivedTasks:
+    """What deriving tasks from a seed file gave: the tasks and every seed that gave none.
+
+    Attributes:
+        tasks: one task per good seed, in file order (duplicate seed ids keep the first).
+        rejected: ``(source, reason)`` of each seed record that is not a trajectory.
+        failed: ``(seed id, error)`` of each seed whose derivation failed after the
+            LLM's retries (or whose answer held no instruction).
+    """
+
+    tasks: list[Task]
+    rejected: list[tuple[str, str]]
+    failed: list[tuple[str, str]]
+
+
+async def tasks_from_seeds(
+    seeds: str | Path | Iterable[str | Path],
+    llm: Any,
+    *,
+    default_tools: list[dict[str, Any]] | None = None,
+    write_tools: Iterable[str] = (),
+) -> DerivedTasks:
+    """Tasks derived from every seed of a file, folder or glob (``derive_task``, all at once).
+
+    Every record is accounted for: a malformed record is in ``rejected`` with its reason,
+    a derivation that failed is in ``failed``; neither stops the others. The LLM's own
+    concurrency limit paces the calls, and cached answers cost nothing.
+
+    Raises:
+        ConfigError: ``seeds`` matches no file.
+        BudgetExceeded: a budget cap was reached (a spent budget is not one seed's fault).
+    """
+    trajs: dict[str, Trajectory] = {}
+    rejected: list[tuple[str, str]] = []
+    for item in read_seeds(seeds, default_tools=default_tools):
+        if isinstance(item, SeedReject):
+            rejected.append((f"{item.source}:{item.index}", f"{item.reason}: {item.message}"))
+        else:
+            trajs.setdefault(item.id, item)
+    writes = list(write_tools)
+    results = await asyncio.gather(
+        *(derive_task(t, llm, write_tools=writes) for t in trajs.values()),
+        return_exceptions=True,
+    )
+    tasks: list[Task] = []
+    failed: list[tuple[str, str]] = []
+    for seed_id, result in zip(trajs, results, strict=True):
+        if isinstance(result, BudgetExceeded):
+            raise result
+        if isinstance(result, FactoryError):
+            failed.append((seed_id, f"{type(result).__name__}: {result}"))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            tasks.append(result)
+    return DerivedTasks(tasks, rejected, failed)
 
 
 def iter_task_dicts(tasks: Iterable[Task]) -> Iterator[dict[str, Any]]:
