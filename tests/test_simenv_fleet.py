@@ -3,7 +3,8 @@
 Two servers in Ray actors share one response cache folder and one budget actor:
 every LLM call either makes is counted once in the shared budget, and an episode
 replayed on the *other* server is answered from the cache the first one wrote,
-with identical observations and reward and no new call.
+with identical observations and reward and no new call. A fleet deriving its tasks
+from seeds pays for each derivation once.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from factory.errors import ConfigError
 from factory.simenv.fleet import FleetSpec, start_env_servers
 from factory.simenv.runtime import EnvSettings, Runtime
 
+from .conftest import ROOT
 from .test_simenv_server import _plan, _remote
 
 pytestmark = pytest.mark.shared
@@ -73,3 +76,26 @@ def test_env_servers_on_ray_share_the_cache_and_the_budget(
         fleet.stop()
     writers = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".jsonl"]
     assert len(writers) >= SERVERS  # one segment file per server process
+
+
+def test_a_fleet_derives_tasks_from_seeds_once(
+    ray_session: Any, devserver: Any, tmp_path: Path
+) -> None:
+    seeds = str(ROOT / "seeds" / "retail" / "seeds.jsonl")
+    spec = FleetSpec(domain="retail", seeds=seeds, settings={"mode": "llm"})
+    with pytest.raises(ConfigError, match="shared cache_dir") as exc:
+        start_env_servers(SERVERS, spec)
+    assert exc.value.key_path == "cache_dir"
+
+    dev = devserver(seed=3, latency_ms=4000)  # long enough for two servers to overlap
+    spec = FleetSpec(domain="retail", seeds=seeds, base_url=dev.url,
+                     cache_dir=str(tmp_path / "cache"), settings={"mode": "llm"})  # fmt: skip
+    fleet = start_env_servers(SERVERS, spec)
+    try:
+        derived = len(
+            [line for line in Path(seeds).read_text(encoding="utf-8").splitlines() if line]
+        )
+        # the first server paid for every derivation; the second read them from the cache
+        assert fleet.spend()["calls"] == dev.stats()["completed"] == derived
+    finally:
+        fleet.stop()

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from factory.engine.budget import budget_actor
+from factory.errors import ConfigError
 from factory.simenv.runtime import EnvSettings, Runtime
 from factory.simenv.server import ThreadedServer, build_app
 
@@ -37,15 +38,18 @@ class FleetSpec:
     """What every server of a fleet serves (``Runtime.create``'s options, picklable).
 
     ``host`` is where each server binds: ``0.0.0.0`` to reach it from other nodes
-    (its URL then names the node's IP), ``127.0.0.1`` for one machine.
+    (its URL then names the node's IP), ``127.0.0.1`` for one machine. Tasks come
+    from ``tasks`` (a task file) or ``seeds`` (derived by the LLM, as ``serve --seeds``).
     """
 
     domain: str
-    tasks: str
+    tasks: str | None = None
+    seeds: str | None = None
     db: str | None = None
     world_seed: int | None = None
     base_url: str | None = None
     model: str = "factory-dev"
+    api_key_env: str | None = None
     cache_dir: str | None = None
     settings: dict[str, Any] = field(default_factory=lambda: asdict(EnvSettings()))
     concurrency: int = 256
@@ -61,10 +65,12 @@ class EnvServer:
         self.runtime = Runtime.create(
             spec.domain,
             tasks=spec.tasks,
+            seeds=spec.seeds,
             db=spec.db,
             world_seed=spec.world_seed,
             base_url=spec.base_url,
             model=spec.model,
+            api_key_env=spec.api_key_env,
             cache_dir=spec.cache_dir,
             settings=settings,
             concurrency=spec.concurrency,
@@ -127,14 +133,28 @@ def start_env_servers(
 
     Returns:
         The fleet; ``fleet.urls`` in server order.
+
+    Raises:
+        ConfigError: seeds to derive tasks from, several servers and no shared cache.
     """
     import ray
 
     if n < 1:
         raise ValueError("a fleet needs at least one server")
+    if spec.seeds is not None and spec.cache_dir is None and n > 1:
+        raise ConfigError(
+            "a fleet deriving tasks from seeds needs a shared cache_dir (else each of its "
+            f"{n} servers pays for every derivation)",
+            key_path="cache_dir",
+        )
     name = "factory-simenv-budget-" + hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     budget = budget_actor(name, **(caps or {}))
     remote: Any = ray.remote(num_cpus=num_cpus)(EnvServer)
-    actors = [remote.remote(spec, budget) for _ in range(n)]
+    actors = [remote.remote(spec, budget)]
+    if spec.seeds is not None:
+        # the first server derives the tasks and stores the answers in the shared cache;
+        # the others start after it and read them there instead of paying n times
+        ray.get(actors[0].url.remote())
+    actors += [remote.remote(spec, budget) for _ in range(n - 1)]
     urls = ray.get([a.url.remote() for a in actors])
     return Fleet(actors, urls, budget)
