@@ -179,11 +179,64 @@ def test_hybrid_simulates_with_the_llm_and_checks_against_the_state(runtime_for)
     assert check_consistency('{"user_id": "u1", "reservations": ["R1"]}', state)["ok"]
     bad = check_consistency('{"user_id": "u2", "x": {"reservation_id": "R9"}}', state)
     assert not bad["ok"] and bad["unknown"] == ["users/u2", "reservations/R9"]
-    assert check_consistency("Error: no such user", state) == {
-        "checked": 0,
-        "unknown": [],
-        "ok": True,
-    }
+    assert check_consistency("Error: no such user", state)["checked"] == 0
+
+
+def test_consistency_compares_what_a_read_says_about_a_row_with_the_row() -> None:
+    row = {"reservation_id": "R1", "cabin": "economy", "status": None, "flights": [{"n": 1}]}
+    state = {"users": {"u1": {"name": "Ann"}}, "reservations": {"R1": row}}
+    same = '{"reservation_id": "R1", "user_id": "u1", "cabin": "economy", "flights": [{"n": 1}]}'
+    check = check_consistency(same, state)
+    assert check["ok"] and check["compared"] == 3 and check["mismatched"] == []
+    drift = '{"x": [{"reservation_id": "R1", "cabin": "business", "flights": [{"n": 2}]}]}'
+    check = check_consistency(drift, state)
+    assert not check["ok"] and check["unknown"] == []
+    assert sorted(check["mismatched"]) == ["reservations/R1.cabin", "reservations/R1.flights"]
+    # a simulated write describes a change the world never made: ids only
+    assert check_consistency(drift, state, values=False)["ok"]
+    # a row that does not carry its own id (users here) is not compared: the object
+    # naming it is about something else (a reservation's owner)
+    assert check_consistency('{"user_id": "u1", "name": "Bob"}', state)["compared"] == 0
+
+
+def test_hybrid_catches_a_simulated_read_that_misses_a_write(runtime_for) -> None:
+    rt = runtime_for("hybrid", simulate_tools=frozenset({"get_reservation_details"}))
+
+    def read_then_written(task: Task) -> str | None:
+        """A reservation the reference reads before the task's ground truth writes it."""
+        read = {
+            c["arguments"].get("reservation_id")
+            for m in task.reference
+            for c in m.get("tool_calls", ())
+            if c["name"] == "get_reservation_details" and isinstance(c["arguments"], dict)
+        }
+        written = [a["arguments"].get("reservation_id") for a in task.actions]
+        return next((r for r in written if r in read), None)
+
+    task = next(t for t in rt.spec.tasks if read_then_written(t) and t.actions)
+    rid = read_then_written(task)
+    write = next(a for a in task.actions if a["arguments"].get("reservation_id") == rid)
+    look = {"name": "get_reservation_details", "arguments": {"reservation_id": rid}}
+
+    async def run() -> Any:
+        env = rt.new_env()
+        await env.reset(task)
+        before = await env.step(look)
+        wrote = await env.step(write)
+        after = await env.step(look)
+        await rt.aclose()
+        return env, before, wrote, after
+
+    env, before, wrote, after = asyncio.run(run())
+    assert before.info["answered_by"] == after.info["answered_by"] == "llm"
+    assert wrote.info["answered_by"] == "executor"
+    assert before.info["consistency"]["ok"] and before.info["consistency"]["compared"] > 3
+    # the simulator repeats the reference's answer, which predates the write
+    assert not after.info["consistency"]["ok"]
+    assert any(
+        m.startswith(f"reservations/{rid}.") for m in after.info["consistency"]["mismatched"]
+    )
+    assert env.counts["inconsistent_simulations"] == 1
 
 
 def test_llm_mode_has_no_world_and_rewards_by_the_judge(runtime_for) -> None:

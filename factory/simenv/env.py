@@ -12,7 +12,8 @@ A valid call is answered by the mode:
   told to explain failures);
 * ``hybrid``: the world for every tool it implements, the LLM for the rest (and for
   ``simulate_tools``); an LLM answer is checked against the state: every ``*_id`` it
-  (or list under a table's name) must be a row of that table (``info["consistency"]``).
+  (or list under a table's name) must be a row of that table, and what a read tool's
+  answer says about a row must be what the row holds (``info["consistency"]``).
 
 A message to the user is answered by the LLM user simulator driven by the task's
 instruction; it ends the episode (``###STOP###``), as does ``max_steps``. At the end,
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,18 +99,29 @@ def _ids(value: Any, out: list[tuple[str, str]]) -> None:
             _ids(v, out)
 
 
-def check_consistency(observation: str, state: Mapping[str, Any]) -> dict[str, Any]:
+def check_consistency(
+    observation: str, state: Mapping[str, Any], *, values: bool = True
+) -> dict[str, Any]:
     """Whether an LLM-simulated observation agrees with the world's state.
 
-    Domain-free check: every ``<thing>_id`` value in the (JSON) observation whose table
-    ``<thing>s`` exists in the state, and every string in a ``<things>`` list, must be a
-    row of that table (a simulator that invents a reservation is caught). Returns ``{"checked": n,
-    "unknown": [...], "ok": bool}``.
+    Domain-free, in two parts:
+
+    * **ids**: every ``<thing>_id`` value in the (JSON) observation whose table
+      ``<thing>s`` exists in the state, and every string in a ``<things>`` list, must
+      be a row of that table (a simulator that invents a reservation is caught);
+    * **values** (``values``, for a read tool: a simulated write's answer describes a
+      change the world never made): an object naming a row by the id the row itself
+      carries (``{"reservation_id": "X", ...}`` and ``reservations["X"]["reservation_id"]
+      == "X"``) must agree with that row on every key both have, the drift EnvSimBench
+      finds (a stale status, a wrong cabin, a price off by a fee).
+
+    Returns ``{"checked": ids checked, "unknown": ["table/id"], "compared": values
+    compared, "mismatched": ["table/id.key"], "ok": bool}``.
     """
     try:
         value = json.loads(observation)
     except ValueError:
-        return {"checked": 0, "unknown": [], "ok": True}
+        return {"checked": 0, "unknown": [], "compared": 0, "mismatched": [], "ok": True}
     found: list[tuple[str, str]] = []
     _ids(value, found)
     checked, unknown = 0, []
@@ -119,7 +131,44 @@ def check_consistency(observation: str, state: Mapping[str, Any]) -> dict[str, A
             checked += 1
             if ident not in table:
                 unknown.append(f"{name}/{ident}")
-    return {"checked": checked, "unknown": unknown, "ok": not unknown}
+    compared, mismatched = 0, []
+    if values:
+        for obj, name, ident, row in _described_rows(value, state):
+            for key in obj.keys() & row.keys():
+                compared += 1
+                if obj[key] != row[key]:
+                    mismatched.append(f"{name}/{ident}.{key}")
+    ok = not unknown and not mismatched
+    return {
+        "checked": checked,
+        "unknown": unknown,
+        "compared": compared,
+        "mismatched": mismatched,
+        "ok": ok,
+    }
+
+
+def _described_rows(
+    value: Any, state: Mapping[str, Any]
+) -> Iterator[tuple[dict[str, Any], str, str, dict[str, Any]]]:
+    """``(object, table, id, row)`` for every object of ``value`` that names a row of the
+    state by the id key the row itself carries."""
+    if isinstance(value, dict):
+        for key, ident in value.items():
+            if not (isinstance(ident, str) and key.endswith("_id")):
+                continue
+            name = key[: -len("_id")] + "s"
+            table = state.get(name)
+            row = table.get(ident) if isinstance(table, dict) else None
+            if isinstance(row, dict) and row.get(key) == ident:
+                yield value, name, ident, row
+        children: Iterable[Any] = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return
+    for child in children:
+        yield from _described_rows(child, state)
 
 
 class SimEnv:
@@ -290,7 +339,8 @@ class SimEnv:
         self.counts["simulated_calls"] += 1
         observation = await self._simulate(call)
         if world is not None:  # hybrid: a state exists, check the answer against it
-            check = check_consistency(observation, world.state)
+            read = self.spec.pack.kinds.get(call.name) != "write"
+            check = check_consistency(observation, world.state, values=read)
             info["consistency"] = check
             if not check["ok"]:
                 self.counts["inconsistent_simulations"] += 1
