@@ -559,7 +559,9 @@ def test_sim_drop_change_is_deterministic_per_request() -> None:
     assert full is not None and len(full["config_changes"]) == 2
 
     def answer(rate: float, digest: bytes, seed: int = 0) -> tuple[Any, bool]:
-        return _simulation(text, _State(DevServerConfig(sim_drop_change=rate, seed=seed)), digest)
+        return _simulation(
+            "simulate", text, _State(DevServerConfig(sim_drop_change=rate, seed=seed)), digest
+        )
 
     assert answer(0.0, b"a") == (full, False)
     dropped, flag = answer(1.0, b"a")

@@ -224,12 +224,29 @@ def test_evaluate_scores_a_file_of_records(
     # the command line reads their JSON file (a list of records) as it is
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(records))
+    # against the development server, which simulates prompts of their layout perfectly
+    # (on states of our domains): the scores are the in-process perfect predictor's
     server = devserver()
     out = tmp_path / "eval"
     argv = ["--samples", str(path), "--base-url", server.url, "--model", "factory-dev"]
     assert main([*argv, "--out", str(out), "--domain", "airline"]) == 0
     body = json.loads((out / "evaluation.json").read_text())
     assert body["samples"] == len(steps) and body["invalid_records"] == 0
+    scored = body["overall"]
+    assert scored["failed"] == 0 and scored["n"] == len(steps)
+    assert scored["feedback_match"] == scored["config_match"] == len(steps)
+    assert scored["lenient_config_match"] == overall.lenient_config_match
+    assert server.stats()["by_kind"] == {"simulate_envsimbench": len(steps)}
+    # a simulator that misses one change of every changing step fails their metric there
+    dropping = devserver(sim_drop_change=1.0)
+    out = tmp_path / "eval-drop"
+    argv = ["--samples", str(path), "--base-url", dropping.url, "--model", "factory-dev"]
+    assert main([*argv, "--out", str(out), "--domain", "airline"]) == 0
+    scored = json.loads((out / "evaluation.json").read_text())["overall"]
+    changing = sum(1 for s in steps if s["delta"])
+    assert 0 < changing < len(steps)
+    assert scored["config_match"] == len(steps) - changing
+    assert scored["feedback_match"] == len(steps)
 
 
 # --- (c) their SFT layout -------------------------------------------------------------------

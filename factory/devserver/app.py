@@ -414,10 +414,22 @@ def _validate(payload: Any, state: _State) -> web.Response | None:
     return None
 
 
-def _simulation(text: str, state: _State, digest: bytes) -> tuple[dict[str, Any] | None, bool]:
-    """The perfect simulator's answer, maybe with one change dropped; (answer, dropped)."""
-    read = simulate.read_simulation(text)
-    answer = simulate.simulate_call(*read) if read is not None else None
+def _kind_of(messages: list[Any]) -> str:
+    """What a prompt asks for: a simulated RL role, else a pipeline prompt's kind (one
+    rule for the online and the Batch path)."""
+    return roles.kind_of(messages) or simulate.prompt_kind(messages)
+
+
+def _simulation(
+    kind: str, text: str, state: _State, digest: bytes
+) -> tuple[dict[str, Any] | None, bool]:
+    """The perfect simulator's answer (in the prompt's layout), maybe with one change
+    dropped; (answer, dropped)."""
+    if kind == "simulate_envsimbench":
+        answer = simulate.simulate_envsimbench(text)
+    else:
+        read = simulate.read_simulation(text)
+        answer = simulate.simulate_call(*read) if read is not None else None
     rate = state.config.sim_drop_change
     if answer is None or not rate or not answer["config_changes"]:
         return answer, False
@@ -492,8 +504,8 @@ def _complete(
     if kind in roles.KINDS:  # the roles of a simulated RL environment (factory.simenv)
         return roles.answer(kind, messages, crng), applied, "stop", events
     text = simulate.last_user_text(messages)
-    if kind == "simulate":
-        answer, dropped = _simulation(text, state, digest)
+    if kind in ("simulate", "simulate_envsimbench"):
+        answer, dropped = _simulation(kind, text, state, digest)
         if dropped:
             events.append("sim_dropped_changes")
         if answer is None:
@@ -562,7 +574,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     attempt = state.next_attempt(digest)
     drng = random.Random(_seed_int(state.config.seed, digest, f"attempt:{attempt}"))
     defect = state.draw_defect(drng)
-    kind = roles.kind_of(payload["messages"]) or simulate.prompt_kind(payload["messages"])
+    kind = _kind_of(payload["messages"])
     status = _CLIENT_GONE
     applied = defect if defect in TRANSPORT_DEFECTS else None  # content defects once applied
     state.by_kind[kind] += 1
@@ -642,7 +654,7 @@ def _batch_answer(state: _State, body: dict[str, Any]) -> dict[str, Any]:
     raw = json.dumps(body, sort_keys=True).encode()
     digest = hashlib.blake2b(raw, digest_size=16).digest()
     drng = random.Random(_seed_int(state.config.seed, digest, "batch"))
-    kind = simulate.prompt_kind(body["messages"])
+    kind = _kind_of(body["messages"])
     content, _applied, finish, events = _complete(body, kind, state, digest, None, drng)
     prompt_tokens, cached = state.prompt_usage(body["model"], body["messages"], body.get("tools"))
     completion_tokens = _tokens(content)

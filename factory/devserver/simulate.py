@@ -19,7 +19,10 @@ A simulate prompt (``factory.envsim.simulator``) is answered by a *perfect*
 simulator: the call is executed on the given state slice in the world of
 the domain whose state it is (the first registered domain that accepts it)
 and the answer is the real observation and the exact Δ, so a metric run
-against the devserver must score 100% unless a defect is switched on.
+against the devserver must score 100% unless a defect is switched on. A prompt in
+EnvSimBench's SFT layout (``factory.envsim.envsimbench``: environment code, then
+``{"initial_config", "tool_call"}``) gets the same perfect answer in that layout's
+terms (``feedback`` and dotted ``config_changes``) when the state is one of ours.
 
 One module on purpose (about 880 lines): it is the one simulated model the app
 calls as ``simulate.<answer>``. Half of it is the reference compiler and the
@@ -41,9 +44,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from factory.core.delta import diff
+from factory.core.delta import apply, diff
 from factory.envs.registry import available_domains, get_environment, get_plugin
-from factory.envsim.simulator import SIM_MARKER, STATE_MARKER
+from factory.envsim.envsimbench import CODE_MARKER, diff_dicts, read_sft_prompt
+from factory.envsim.simulator import SIM_MARKER, STATE_MARKER, SampleError
 from factory.errors import ConfigError
 
 __all__ = [
@@ -66,6 +70,7 @@ __all__ = [
     "reference_from_block",
     "render_json",
     "simulate_call",
+    "simulate_envsimbench",
     "vary_opening",
 ]
 
@@ -174,7 +179,7 @@ def prompt_kind(messages: list[Any]) -> str:
     """Recognise the prompt by the markers of the shared prompt contract.
 
     Returns:
-        ``"amplify"``, ``"judge"``, ``"simulate"`` or ``"other"``.
+        ``"amplify"``, ``"judge"``, ``"simulate"``, ``"simulate_envsimbench"`` or ``"other"``.
     """
     # A marker counts only as a line of its own: a seed quoting a heading inside its
     # (JSON-escaped) text cannot change what kind of prompt it is.
@@ -185,6 +190,8 @@ def prompt_kind(messages: list[Any]) -> str:
         return "judge"
     if SIM_MARKER in lines:
         return "simulate"
+    if CODE_MARKER in lines:
+        return "simulate_envsimbench"
     return "other"
 
 
@@ -702,6 +709,24 @@ def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str,
         return None
     feedback = env.execute(name, arguments)
     return {"feedback": feedback, "config_changes": diff(state, env.state)}
+
+
+def simulate_envsimbench(text: str) -> dict[str, Any] | None:
+    """The perfect answer to a prompt in EnvSimBench's SFT layout, in that layout.
+
+    Returns:
+        ``{"feedback": observation, "config_changes": [{path, type, before, after}]}``,
+        or None when the prompt is unreadable or its state belongs to no domain of ours.
+    """
+    try:
+        state, name, arguments = read_sft_prompt(text)
+    except SampleError:
+        return None
+    answer = simulate_call(state, name, arguments)
+    if answer is None:
+        return None
+    after = apply(answer["config_changes"], state)
+    return {"feedback": answer["feedback"], "config_changes": diff_dicts(state, after)}
 
 
 def drop_change(answer: dict[str, Any], rng: random.Random) -> bool:

@@ -40,6 +40,7 @@ from factory.core.labels import step_labels
 from factory.envsim.rows import SampleError, alpaca_prompt
 
 __all__ = [
+    "CODE_MARKER",
     "SFT_INSTRUCTION",
     "config_match",
     "diff_dicts",
@@ -47,6 +48,7 @@ __all__ = [
     "from_sft_row",
     "is_record",
     "pointer_ops",
+    "read_sft_prompt",
     "to_sft_row",
     "tool_call_text",
 ]
@@ -58,7 +60,11 @@ SFT_INSTRUCTION = (
     "configuration changes the call makes.\n\nEnvironment Code:\n{env_code}\n\n"
     "Run the tool call exactly as the code does and answer with the JSON result."
 )
+#: The line of :data:`SFT_INSTRUCTION` the environment code follows (how a server tells
+#: a prompt of this layout).
+CODE_MARKER = "Environment Code:"
 _CALL = re.compile(r"\A\s*([^\s(]+)\((.*)\)\s*\Z", re.S)
+_INPUT = re.compile(r'\{\s*"initial_config"\s*:')
 
 
 def _sample_error(message: str) -> Exception:
@@ -230,6 +236,38 @@ def _parse_call(text: str) -> tuple[str, dict[str, Any]]:
     return found[1], arguments
 
 
+def _read_input(body: Any) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(initial_config, tool, arguments)`` of an SFT row's input object."""
+    if not isinstance(body, dict) or not isinstance(body.get("initial_config"), dict):
+        raise _sample_error("input must hold initial_config (an object) and tool_call")
+    if not isinstance(body.get("tool_call"), str):
+        raise _sample_error("input.tool_call must be name({json})")
+    name, arguments = _parse_call(body["tool_call"])
+    return body["initial_config"], name, arguments
+
+
+def read_sft_prompt(text: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(initial_config, tool, arguments)`` of a prompt in the SFT layout.
+
+    The input is the JSON object that ends the prompt (the instruction, then the
+    input, as LLaMA-Factory joins an alpaca row); what comes before it (the
+    environment code) may hold anything.
+
+    Raises:
+        SampleError: no input object ends the prompt, or it is not of this layout.
+    """
+    end = len(text.rstrip())
+    decoder = json.JSONDecoder()
+    for found in _INPUT.finditer(text):
+        try:
+            body, stop = decoder.raw_decode(text, found.start())
+        except ValueError:
+            continue
+        if stop == end:
+            return _read_input(body)
+    raise _sample_error("the prompt does not end with an input object holding initial_config")
+
+
 def _observation_text(observation: Any) -> str:
     content = observation.get("content", "") if isinstance(observation, dict) else observation
     if isinstance(content, str):
@@ -372,14 +410,9 @@ def from_sft_row(row: Mapping[str, Any]) -> dict[str, Any]:
         answer = json.loads(row["output"])
     except ValueError as exc:
         raise _sample_error(f"input and output of an SFT row must be JSON: {exc}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("initial_config"), dict):
-        raise _sample_error("input must hold initial_config (an object) and tool_call")
-    if not isinstance(body.get("tool_call"), str):
-        raise _sample_error("input.tool_call must be name({json})")
+    before, name, arguments = _read_input(body)
     if not isinstance(answer, dict) or not isinstance(answer.get("config_changes"), list):
         raise _sample_error("output must hold feedback and config_changes (a list)")
-    name, arguments = _parse_call(body["tool_call"])
-    before = body["initial_config"]
     after = deepcopy(before)
     for change in answer["config_changes"]:
         if not isinstance(change, Mapping):
