@@ -33,7 +33,8 @@ DIRECTIONS: tuple[str, ...] = (
     "the user changes their mind once during the conversation.",
     "a tool call fails first (wrong identifier or unavailable option) and the agent recovers.",
     "the user gives their details in pieces and the agent has to ask for what is missing.",
-    "the request involves more items (passengers, flights or bags) than the reference.",
+    "the request involves more of what it is about (people, items, trips or orders) than the "
+    "reference.",
     "the user is in a hurry and terse; the agent stays precise and still confirms changes.",
     "the request cannot be handled with the tools and ends with a transfer to a human agent.",
 )
