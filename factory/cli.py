@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Hugging Face dataset card (OUT/README.md); a run writes both when it ends.",
     )  # fmt: skip
     rep.add_argument("out", metavar="OUT", help="a run's output folder")
-    rep.add_argument("--license", default="other", help="the card's license id (default: other)")
+    rep.add_argument(
+        "--license", help="the card's license id (default: the card's own, else other)"
+    )
     push = sub.add_parser(
         "push", formatter_class=_formatter,
         description="Upload the card, report, manifest and data/ of OUT to the dataset "

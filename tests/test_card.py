@@ -41,6 +41,22 @@ def test_the_card_has_the_hub_metadata_and_the_provenance(tmp_path: Path) -> Non
     assert "10.0.0.7" not in card  # the operator's endpoints are not the dataset's business
 
 
+def test_a_license_once_set_stays_when_the_card_is_written_again(tmp_path: Path) -> None:
+    from factory.io.report import write_documents
+
+    out = make_folder(tmp_path / "o")
+    assert _header(write_card(out).read_text(encoding="utf-8"))["license"] == "other"
+    assert main(["report", str(out), "--license", "cc-by-4.0"]) == 0
+    # a resumed run ends by writing its reports again, without a license
+    write_documents(out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert _header(card)["license"] == "cc-by-4.0" and "License: `cc-by-4.0`" in card
+    assert main(["report", str(out)]) == 0
+    assert _header((out / "README.md").read_text(encoding="utf-8"))["license"] == "cc-by-4.0"
+    explicit = write_card(out, license_id="mit").read_text(encoding="utf-8")
+    assert _header(explicit)["license"] == "mit"
+
+
 def test_the_folder_loads_with_datasets_as_it_is(tmp_path: Path) -> None:
     from datasets import load_dataset
 

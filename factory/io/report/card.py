@@ -20,7 +20,14 @@ from factory.io.report.folder import OutputFolder
 from factory.io.writer import atomic_write_text
 from factory.secrets import redact_obj
 
-__all__ = ["CARD_FILE", "build_card", "card_metadata", "size_category", "write_card"]
+__all__ = [
+    "CARD_FILE",
+    "build_card",
+    "card_license",
+    "card_metadata",
+    "size_category",
+    "write_card",
+]
 
 CARD_FILE = "README.md"
 DEFAULT_LICENSE = "other"
@@ -190,8 +197,28 @@ def build_card(folder: OutputFolder, *, license_id: str = DEFAULT_LICENSE) -> st
     return "\n".join(lines)
 
 
-def write_card(out_dir: Path | str, *, license_id: str = DEFAULT_LICENSE) -> Path:
+def card_license(path: Path) -> str | None:
+    """The ``license`` of an existing card's YAML header, or None (no card, no header)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if not text.startswith("---\n"):
+        return None
+    header, _, _ = text[4:].partition("\n---")
+    try:
+        meta = yaml.safe_load(header)
+    except yaml.YAMLError:
+        return None
+    found = meta.get("license") if isinstance(meta, dict) else None
+    return found if isinstance(found, str) and found else None
+
+
+def write_card(out_dir: Path | str, *, license_id: str | None = None) -> Path:
     """Write ``OUT/README.md`` (atomically) and return its path.
+
+    ``license_id`` None keeps the license the folder's card already names (a resumed
+    run or a new report does not undo ``--license``), else ``other``.
 
     Raises:
         ConfigError: ``out_dir`` is not a run's output folder.
@@ -199,5 +226,6 @@ def write_card(out_dir: Path | str, *, license_id: str = DEFAULT_LICENSE) -> Pat
     """
     folder = OutputFolder(out_dir)
     path = folder.path / CARD_FILE
-    atomic_write_text(path, build_card(folder, license_id=license_id), folder.path)
+    chosen = license_id or card_license(path) or DEFAULT_LICENSE
+    atomic_write_text(path, build_card(folder, license_id=chosen), folder.path)
     return path

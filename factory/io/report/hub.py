@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.errors import ConfigError
-from factory.io.report.card import CARD_FILE, DEFAULT_LICENSE, write_card
+from factory.io.report.card import CARD_FILE, write_card
 from factory.io.report.folder import OutputFolder
 from factory.io.report.page import REPORT_FILE, write_report
 from factory.io.runstate import verify_output
@@ -59,7 +59,7 @@ def push(
         raise ConfigError(f"repository id {repo_id!r}: expected OWNER/NAME")
     verify_output(folder.path)
     if license_id is not None or not (folder.path / CARD_FILE).is_file():
-        write_card(folder.path, license_id=license_id or DEFAULT_LICENSE)
+        write_card(folder.path, license_id=license_id)
     if not (folder.path / REPORT_FILE).is_file():
         write_report(folder.path)
     if api is None:
