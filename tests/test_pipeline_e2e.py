@@ -224,3 +224,10 @@ def test_trajectory_mixture_on_amplified_output(ray_session, devserver, tmp_path
     assert outcomes == Counter({"completed": 10, "transferred": 4})
     assert all("write_calls" in json.loads(r["meta"])["labels"] for r in rows)
     assert len(read_rows(out, "candidates")) == 60
+    # the manifest's diversity describes the dataset (the selection), not the candidates
+    diversity = manifest["diversity"]
+    assert diversity["rows"] == 14 and diversity["candidates"] == 60
+    assert diversity["labels"]["outcome"] == {"completed": 10, "transferred": 4}
+    assert sum(diversity["tool_calls"].values()) == sum(
+        1 for r in rows for m in r["conversations"] if m["from"] == "function_call"
+    )

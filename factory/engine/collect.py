@@ -73,6 +73,7 @@ class Collector:
         # Diversity and yield of the accepted rows (manifest ``diversity``); the job sets
         # ``seeds`` (every seed it amplified) and ``mixture`` when it has them.
         self.diversity = DiversityStats()
+        self.candidate_rows: int | None = None  # with a mixture: what it chose from
         self.seeds: list[str] | None = None
         self.mixture: Mixture | None = None
         self.per_seed: Counter[str] = Counter()
@@ -231,7 +232,10 @@ class Collector:
             timeline={"columns": list(TIMELINE_COLUMNS), "points": self.timeline},
             **extra,
         )
-        self.manifest.extra["diversity"] = self.diversity.summary(self.seeds, self.mixture)
+        diversity = self.diversity.summary(self.seeds, self.mixture)
+        if self.candidate_rows is not None:
+            diversity["candidates"] = self.candidate_rows
+        self.manifest.extra["diversity"] = diversity
         if self.neardup is not None:
             self.neardup.save(index_path(self.out_dir))
             p = self.neardup.params

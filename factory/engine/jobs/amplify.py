@@ -27,6 +27,7 @@ from typing import Any
 
 from factory.config import RecipeConfig
 from factory.core.dedup import DEDUP_STAGE, Deduper
+from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
 from factory.core.selection import select
 from factory.engine.collect import Collector
@@ -137,7 +138,12 @@ def _start_budget(cfg: RecipeConfig) -> Any:
 
 
 def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
-    """With a recipe mixture: choose from the accepted candidates and copy them to data/."""
+    """With a recipe mixture: choose from the accepted candidates and copy them to data/.
+
+    The manifest's ``diversity`` then describes the selection (what ``data/`` holds and
+    a trainer reads), counted while the rows are copied; the candidates' count is kept
+    beside it.
+    """
     import pyarrow.parquet as pq
 
     assert cfg.mixture is not None
@@ -153,10 +159,17 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     chosen = set(selection.ids)
     collector.data.flush()  # the last candidates may still be buffered
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
+    selected = DiversityStats()
     for path in sorted((out_dir / "candidates").glob("*.parquet")):
         for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
-            data.extend(r for r in batch.to_pylist() if r["id"] in chosen)
+            rows = [r for r in batch.to_pylist() if r["id"] in chosen]
+            data.extend(rows)
+            for row in rows:
+                meta = json.loads(row["meta"]) if row.get("meta") else {}
+                selected.add(row, seed_id=meta.get("seed_id"), labels=meta.get("labels"))
     data.close()
+    collector.candidate_rows = collector.diversity.rows
+    collector.diversity = selected
     collector.manifest.files.update(data.files)
     if selection.shortfall and not mx.allow_shortfall:
         raise SeedError("shortfall", f"mixture quotas not met: {selection.shortfall}")
