@@ -1,7 +1,9 @@
 """``python -m factory.bench simenv``: steps per second of the environment server.
 
 Set-up: the development server (a thread of this process) answers the user, tool and
-judge roles at a fixed latency L with C generation slots; the environment server runs
+judge roles with C generation slots at a fixed latency L, or a heavy-tailed one
+(``--latency lognormal``: ``--latency-ms`` the median, p99 ``--latency-p99-ratio`` x it,
+like real models); the environment server runs
 as its own process (``python -m factory.simenv serve``, as a trainer would reach it);
 this process plays ``--episodes`` concurrent WebSocket episodes with a scripted policy
 (each task's ground-truth actions, then a closing message), over and over for
@@ -68,8 +70,15 @@ def bench_simenv(args: Any) -> dict[str, Any]:
     from factory.simenv.tasks import load_tasks
 
     tasks = [t for t in load_tasks(args.tasks) if t.actions]
+    heavy = args.latency == "lognormal"
     dev = DevServer(
-        DevServerConfig(latency_ms=args.latency_ms, max_concurrency=args.concurrency, seed=1)
+        DevServerConfig(
+            latency=args.latency,
+            latency_ms=args.latency_ms,
+            latency_p99_ratio=args.latency_p99_ratio if heavy else None,
+            max_concurrency=args.concurrency,
+            seed=1,
+        )
     ).start()
     port = args.port
     url = f"http://127.0.0.1:{port}"
@@ -109,6 +118,8 @@ def bench_simenv(args: Any) -> dict[str, Any]:
     limit = args.concurrency / latency
     return {
         "mode": args.mode,
+        "latency": args.latency,
+        "latency_p99_ratio": args.latency_p99_ratio if heavy else None,
         "episodes_in_flight": args.episodes,
         "wall_s": round(wall, 2),
         "episodes": episodes,
