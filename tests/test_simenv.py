@@ -338,8 +338,10 @@ def test_tasks_from_seed_files_account_for_every_record_and_replay_from_the_cach
     with pytest.raises(ConfigError, match="needs an LLM") as exc:
         Runtime.create("retail", seeds=folder)
     assert exc.value.key_path == "seeds"
-    with pytest.raises(ConfigError, match="not both"):
+    with pytest.raises(ConfigError, match="exactly one of"):
         Runtime.create("retail", seeds=folder, tasks=folder / "a.jsonl", cache_dir=cache)
+    with pytest.raises(ConfigError, match="exactly one of"):
+        Runtime.create("retail", cache_dir=cache)
 
 
 def test_a_seed_task_whose_calls_fail_on_the_served_world_is_rewarded_by_the_judge(

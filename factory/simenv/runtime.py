@@ -109,7 +109,10 @@ class Runtime:
                 LLM or a cache; no seed gave a task.
         """
         if (tasks is None) == (seeds is None):
-            raise ConfigError("give a task file or seed trajectories, not both", key_path="tasks")
+            raise ConfigError(
+                "give exactly one of a task file (tasks) and seed trajectories (seeds)",
+                key_path="tasks",
+            )
         llm = (
             llm_config(base_url, model, concurrency=concurrency, api_key_env=api_key_env)
             if base_url
