@@ -316,7 +316,9 @@ def test_tasks_from_seed_files_account_for_every_record_and_replay_from_the_cach
     folder = tmp_path / "seeds"
     folder.mkdir()
     (folder / "a.jsonl").write_text(RETAIL_SEEDS.read_text(encoding="utf-8"), encoding="utf-8")
-    (folder / "b.jsonl").write_text('{"conversations": "not a list"}\n{oops\n', encoding="utf-8")
+    first = RETAIL_SEEDS.read_text(encoding="utf-8").splitlines()[0]
+    bad = f'{{"conversations": "not a list"}}\n{{oops\n{first}\n'
+    (folder / "b.jsonl").write_text(bad, encoding="utf-8")
     good = sum(1 for line in RETAIL_SEEDS.read_text(encoding="utf-8").splitlines() if line)
     cache = tmp_path / "cache"
     rt = Runtime.create("retail", seeds=folder, base_url=devserver(seed=4).url, cache_dir=cache)
@@ -324,9 +326,12 @@ def test_tasks_from_seed_files_account_for_every_record_and_replay_from_the_cach
     assert derived is not None and not derived.failed
     assert len(derived.tasks) == len(rt.spec.tasks) == good
     assert sorted(where for where, _ in derived.rejected) == [
-        f"{folder / 'b.jsonl'}:{i}" for i in (0, 1)
+        f"{folder / 'b.jsonl'}:{i}" for i in (0, 1, 2)
     ]
     assert all(why for _, why in derived.rejected)
+    assert (
+        dict(derived.rejected)[f"{folder / 'b.jsonl'}:2"] == f"duplicate of {folder / 'a.jsonl'}:0"
+    )
     assert {t.origin for t in derived.tasks} == {"seed"}
     writes = rt.spec.pack.write_tools()
     assert any(t.actions for t in derived.tasks)

@@ -181,8 +181,9 @@ class DerivedTasks:
     """What deriving tasks from a seed file gave: the tasks and every seed that gave none.
 
     Attributes:
-        tasks: one task per good seed, in file order (duplicate seed ids keep the first).
-        rejected: ``(source, reason)`` of each seed record that is not a trajectory.
+        tasks: one task per good seed, in file order.
+        rejected: ``(source, reason)`` of each seed record that is not a trajectory, or
+            repeats an earlier one (``duplicate of <source>``).
         failed: ``(seed id, error)`` of each seed whose derivation failed after the
             LLM's retries (or whose answer held no instruction).
     """
@@ -214,8 +215,11 @@ async def tasks_from_seeds(
     for item in read_seeds(seeds, default_tools=default_tools):
         if isinstance(item, SeedReject):
             rejected.append((f"{item.source}:{item.index}", f"{item.reason}: {item.message}"))
+        elif item.id in trajs:  # the same trajectory again: one task, the copy is named
+            first = trajs[item.id].metadata.get("source", item.id)
+            rejected.append((str(item.metadata.get("source", item.id)), f"duplicate of {first}"))
         else:
-            trajs.setdefault(item.id, item)
+            trajs[item.id] = item
     writes = list(write_tools)
     results = await asyncio.gather(
         *(derive_task(t, llm, write_tools=writes) for t in trajs.values()),
