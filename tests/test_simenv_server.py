@@ -233,6 +233,7 @@ def test_serve_command_plays_retail_task_file_episodes_and_writes_rollouts_on_si
     finally:
         code = served.stop()
     assert code == 0, served.lines
+    assert not [line for line in served.lines if "Traceback" in line], served.lines
     assert right[0].observation.task_id == task.task_id and right[0].observation.tools
     assert (right[-1].done, right[-1].reward, wrong[-1].done, wrong[-1].reward) == (
         True, 1.0, True, 0.0,
@@ -263,6 +264,7 @@ def test_serve_command_derives_tasks_from_seeds_and_simulates_their_tools(
     finally:
         code = served.stop()
     assert code == 0, served.lines
+    assert not [line for line in served.lines if "Traceback" in line], served.lines
     said = "\n".join(served.lines)
     assert f"derived {len(seeds)} tasks from {folder}; 1 records rejected, 0 derivations" in said
     assert f"rejected {folder / 'broken.jsonl'}:0: " in said

@@ -25,6 +25,7 @@ from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
 from pydantic import Field
+from starlette.websockets import WebSocketDisconnect
 
 from factory.errors import ConfigError
 from factory.simenv.runtime import Runtime
@@ -144,7 +145,31 @@ def build_app(runtime: Runtime, *, max_sessions: int = 256) -> Any:
 
     app.router.on_startup.append(start)
     app.router.on_shutdown.append(stop)
+    app.add_middleware(_ClientLeft)
     return app
+
+
+class _ClientLeft:
+    """Ends a WebSocket session quietly when the client has already gone.
+
+    openenv-core 0.3.0's ``/ws`` handler, once a session ends, destroys the
+    environment and then closes the socket, catching only ``RuntimeError``; when the
+    client closed first (the normal end of an episode), starlette raises
+    ``WebSocketDisconnect`` there and uvicorn logs a 40-line traceback for every
+    finished session. Nothing is left to do by then, so the exception ends here.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            return
 
 
 class SimClient(EnvClient[SimAction, SimObservation, SimState]):
