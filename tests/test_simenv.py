@@ -431,6 +431,19 @@ def test_serve_refuses_a_mode_without_a_world(taubench_dir: Path, capsys) -> Non
     assert "--mode llm" in capsys.readouterr().err
 
 
+def test_serve_exits_2_when_no_seed_gives_a_task(tmp_path: Path, capsys) -> None:
+    from factory.simenv.__main__ import main
+
+    bad = tmp_path / "seeds.jsonl"
+    bad.write_text('{"conversations": "not a list"}\n', encoding="utf-8")
+    # no trajectory, so nothing is asked: the endpoint is never dialled
+    code = main(["serve", "--domain", "retail", "--mode", "llm", "--seeds", str(bad),
+                 "--base-url", "http://127.0.0.1:9/v1"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no seed of" in err and f"{bad}:0" in err
+
+
 def test_role_llm_stores_before_parsing_and_obeys_the_budget(tmp_path: Path) -> None:
     from factory.engine.budget import BudgetState
     from factory.errors import BudgetExceeded
