@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from factory.core.delta import apply, diff
+from factory.core.delta import diff
 from factory.envs.registry import available_domains, get_environment, get_plugin
 from factory.envsim.envsimbench import CODE_MARKER, diff_dicts, read_sft_prompt
 from factory.envsim.simulator import SIM_MARKER, STATE_MARKER, SampleError
@@ -692,13 +692,9 @@ def read_simulation(text: str) -> tuple[dict[str, Any], Any, Any] | None:
     return state, call["name"], call.get("arguments", {})
 
 
-def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str, Any] | None:
-    """A perfect simulator's answer: execute the call on ``state`` in its domain's world.
-
-    Returns:
-        ``{"feedback": observation, "config_changes": diff(state, new state)}``, or
-        None when no registered domain builds a world on ``state`` (a table missing).
-    """
+def _execute(state: dict[str, Any], name: Any, arguments: Any) -> tuple[str, Any] | None:
+    """``(observation, state after)`` of the call on ``state`` in its domain's world, or
+    None when no registered domain builds a world on ``state`` (a table missing)."""
     for domain in available_domains("environment"):
         try:
             env = get_environment(domain, state=deepcopy(state))
@@ -707,8 +703,20 @@ def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str,
             continue
     else:
         return None
-    feedback = env.execute(name, arguments)
-    return {"feedback": feedback, "config_changes": diff(state, env.state)}
+    return env.execute(name, arguments), env.state
+
+
+def simulate_call(state: dict[str, Any], name: Any, arguments: Any) -> dict[str, Any] | None:
+    """A perfect simulator's answer: execute the call on ``state`` in its domain's world.
+
+    Returns:
+        ``{"feedback": observation, "config_changes": diff(state, new state)}``, or
+        None when no registered domain builds a world on ``state`` (a table missing).
+    """
+    done = _execute(state, name, arguments)
+    if done is None:
+        return None
+    return {"feedback": done[0], "config_changes": diff(state, done[1])}
 
 
 def simulate_envsimbench(text: str) -> dict[str, Any] | None:
@@ -722,11 +730,10 @@ def simulate_envsimbench(text: str) -> dict[str, Any] | None:
         state, name, arguments = read_sft_prompt(text)
     except SampleError:
         return None
-    answer = simulate_call(state, name, arguments)
-    if answer is None:
+    done = _execute(state, name, arguments)
+    if done is None:
         return None
-    after = apply(answer["config_changes"], state)
-    return {"feedback": answer["feedback"], "config_changes": diff_dicts(state, after)}
+    return {"feedback": done[0], "config_changes": diff_dicts(state, done[1])}
 
 
 def drop_change(answer: dict[str, Any], rng: random.Random) -> bool:
