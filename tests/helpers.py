@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import psutil
 
 from factory.config import RecipeConfig, load_recipe
 from factory.core.formats import parse_record
@@ -157,3 +162,29 @@ class LocalBudget:
     def _try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
         self.asked.append(cost_usd)
         return bool(self.state.try_start(cost_usd, tokens))
+
+
+def stop_head(head: subprocess.Popen[Any]) -> None:
+    """End a Ray head started in a session of its own, and every process of that session.
+
+    Ctrl-C to its process group first (what a person at its terminal does), SIGKILL when
+    it does not end within a minute, SIGKILL again for whatever outlived it in its group,
+    and last the processes it had started that left the group (Ray's workers): a test
+    never leaves a process behind, whatever failed before.
+    """
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree = psutil.Process(head.pid).children(recursive=True)
+    if head.poll() is None:
+        os.killpg(head.pid, signal.SIGINT)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(head.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()

@@ -19,7 +19,7 @@ from factory.engine.raycompat import ray_address
 from factory.engine.watchdog import DriverWatch, loss_reason
 
 from .conftest import ROOT
-from .helpers import dev_overrides, read_rows, recipe
+from .helpers import dev_overrides, read_rows, recipe, stop_head
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -214,8 +214,6 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
     submits the README's `ray job submit` and checks the job's exit and output."""
     import re
 
-    import psutil
-
     head, submit = _quick_start_blocks()
     fixed = re.findall(r"--[a-z-]*port (\d+)", head)
     lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", head))
@@ -303,25 +301,7 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
         assert json.loads((out / "run.json").read_text())["status"] == "done"
     finally:
         if head_proc is not None:
-            _stop_head(head_proc, psutil)
-
-
-def _stop_head(proc: subprocess.Popen, psutil) -> None:  # type: ignore[type-arg]
-    """Ctrl-C to the head's terminal (its process group), then nothing may be left."""
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    for p in alive:  # never leave a process behind, whatever failed above
-        p.kill()
+            stop_head(head_proc)
 
 
 def test_a_failed_ray_start_leaves_no_process_behind() -> None:

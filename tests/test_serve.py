@@ -4,7 +4,6 @@ development server as the engine and a custom resource standing in for GPUs."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from factory.engine.serve import (
 from factory.errors import ConfigError
 
 from .conftest import ROOT
-from .helpers import read_rows
+from .helpers import read_rows, stop_head
 
 # --- pure parts ---------------------------------------------------------------------------
 
@@ -268,25 +267,6 @@ def _start_head(
     return head, {**env, "RAY_ADDRESS": f"127.0.0.1:{gcs}"}, gcs, log
 
 
-def _stop_head(head: subprocess.Popen[bytes]) -> None:
-    """End the head and every process of its session (GCS, raylet, workers)."""
-    tree = []
-    with contextlib.suppress(psutil.NoSuchProcess):
-        tree = psutil.Process(head.pid).children(recursive=True)
-    if head.poll() is None:
-        os.killpg(head.pid, signal.SIGINT)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(head.pid, signal.SIGKILL)  # what outlived the head in its process group
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    for p in alive:
-        p.kill()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A Ray head of its own (``ray start``, authentication off) with 2 CPUs and 2
@@ -311,13 +291,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         if head.poll() is None:
             break
         text = log.read_text()
-        _stop_head(head)
+        stop_head(head)
         if attempt == 3 or "timed out during startup" not in text:
             raise AssertionError(text[-3000:])
     try:
         yield driver_env
     finally:
-        _stop_head(head)
+        stop_head(head)
 
 
 def _listening(port: int) -> bool:
