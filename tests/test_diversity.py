@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from factory.core.diversity import DistinctCounter, DiversityStats
+from factory.core.diversity import DistinctCounter, DiversityStats, StepDiversity
 from factory.core.mixture import Mixture
 from factory.engine.collect import Collector
 from factory.engine.stages.base import make_row
@@ -71,3 +71,30 @@ def test_collector_writes_the_diversity_section(tmp_path: Path) -> None:
     div = json.loads((tmp_path / "manifest.json").read_text())["diversity"]
     assert div["rows"] == 3 and div["distinct_tool_sequences"] == 2
     assert div["per_seed"]["seeds_with_nothing_ids"] == ["s2"] and div["per_seed"]["max"] == 3
+
+
+def _step(tool: str, args: dict, state: dict, task: str, delta: int) -> dict:
+    labels = {"kind": "step", "outcome": "change" if delta else "no_change",
+              "delta_size": delta, "task_id": task, "user_id": "u", "env_id": "e"}  # fmt: skip
+    return {"tool": tool, "arguments": args, "state_before": state, "labels": labels}
+
+
+def test_step_diversity_counts_calls_states_labels_and_tasks() -> None:
+    """Simulator data: distinct calls (tool and arguments) and states, labels without
+    provenance, and rows per task with the tasks that gave nothing."""
+    d = StepDiversity()
+    d.add(_step("get_user", {"id": "a"}, {"users": {"a": 1}}, "t1", 0), chars=400)
+    d.add(_step("get_user", {"id": "a"}, {"users": {"a": 2}}, "t1", 0), chars=400)
+    d.add(_step("get_user", {"id": "b"}, {"users": {"a": 2}}, "t2", 0), chars=100)
+    d.add(_step("cancel", {"id": "b"}, {"users": {"a": 2}}, "t2", 3), chars=100)
+    s = d.summary(["t1", "t2", "t3"])
+    assert s["unit"] == "step" and s["rows"] == 4
+    assert s["distinct_calls"] == 3 and s["distinct_calls_share"] == 0.75
+    assert s["distinct_states"] == 2
+    assert s["tool_calls"] == {"cancel": 1, "get_user": 3}
+    assert s["labels"] == {
+        "delta_size": {"0": 3, "3": 1},
+        "outcome": {"change": 1, "no_change": 3},
+    }
+    assert s["per_task"] == {"tasks": 3, "min": 0, "median": 2, "max": 2, "tasks_with_nothing": 1}
+    assert s["tokens"]["histogram"] == {"0": 2, "64": 2}  # 25 and 100 tokens, bins of 64

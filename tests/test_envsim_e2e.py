@@ -65,6 +65,19 @@ def test_balance2_exact_quotas_loadable_and_exact_labels(ray_session, tmp_path: 
         assert simulate_call(state, name, args) == target
         labels = json.loads(row["meta"])["labels"]
         assert len(target["config_changes"]) == labels["delta_size"]
+    # The manifest's diversity describes what data/ holds, counted from its rows here.
+    div = manifest["diversity"]
+    metas = [json.loads(r["meta"]) for r in rows]
+    assert div["unit"] == "step" and div["rows"] == len(rows)
+    assert div["tool_calls"] == dict(sorted(Counter(m["tool"] for m in metas).items()))
+    for key in ("group", "delta_size", "arg_cardinality"):
+        assert div["labels"][key] == {
+            str(k): n for k, n in sorted(Counter(str(m["labels"][key]) for m in metas).items())
+        }
+    per_task = Counter(m["labels"]["task_id"] for m in metas)
+    assert div["per_task"]["max"] == max(per_task.values())
+    assert div["per_task"]["tasks"] - div["per_task"]["tasks_with_nothing"] == len(per_task)
+    assert 0 < div["distinct_calls"] <= len(rows) and 0 < div["distinct_states"] <= len(rows)
 
 
 def test_small_mixture_reports_shortfall_instead_of_borrowing(

@@ -4,7 +4,9 @@ The counts in a manifest say how many rows a run made, not whether they are
 worth training on: 90k rows that call the same three tools in the same order,
 or that come from 40 of 1.5k seeds, are a small dataset (issue 13). The
 ``Collector`` feeds every accepted training row to a ``DiversityStats``; its
-``summary`` is the manifest's ``diversity`` section.
+``summary`` is the manifest's ``diversity`` section. The simulator-data job
+(envsim) writes step samples, not conversations: its selection is counted by a
+``StepDiversity`` (distinct calls and states, tools, labels, rows per task).
 
 Memory is bounded whatever the run's size: distinct counts are K-minimum-values
 sketches (exact up to ``KMV_K`` distinct items, an estimate with ~1.6% relative
@@ -24,13 +26,16 @@ from statistics import median
 from typing import Any
 
 from factory.core.mixture import Mixture
+from factory.core.trajectory import canonical_json
 
-__all__ = ["DistinctCounter", "DiversityStats", "histogram_summary"]
+__all__ = ["DistinctCounter", "DiversityStats", "StepDiversity", "histogram_summary"]
 
 KMV_K = 4096
 TOKEN_BIN = 64  # tokens per bin of the token-length histogram
 USER_NGRAMS = (1, 2, 3)  # distinct-n of the user turns
-ZERO_SEEDS_LISTED = 50  # seeds that produced nothing, named in the manifest (all are counted)
+ZERO_SEEDS_LISTED = 50  # seeds (tasks) that produced nothing, named in the manifest (all counted)
+# A step's provenance: one value per episode, not a distribution worth counting.
+STEP_PROVENANCE = ("kind", "task_id", "user_id", "env_id")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CALL_TAG, _USER_TAG = "function_call", "human"
 
@@ -188,15 +193,12 @@ class DiversityStats:
         return out
 
     def _per_seed(self, seeds: list[str]) -> dict[str, Any]:
-        counts = [self.per_seed.get(s, 0) for s in seeds]
-        zero = sorted(s for s in seeds if not self.per_seed.get(s))
+        out = rows_per_source(self.per_seed, seeds)
         return {
-            "seeds": len(seeds),
-            "min": min(counts) if counts else None,
-            "median": median(counts) if counts else None,
-            "max": max(counts) if counts else None,
-            "seeds_with_nothing": len(zero),
-            "seeds_with_nothing_ids": zero[:ZERO_SEEDS_LISTED],
+            "seeds": out["sources"],
+            **{k: out[k] for k in ("min", "median", "max")},
+            "seeds_with_nothing": out["with_nothing"],
+            "seeds_with_nothing_ids": out["with_nothing_ids"],
         }
 
     def _quotas(self, mixture: Mixture) -> dict[str, Any]:
@@ -217,6 +219,89 @@ class DiversityStats:
                 available = n if available is None else min(available, n)
             out[quota.name] = {"wanted": quota.count, "matching_labels": available}
         return out
+
+
+class StepDiversity:
+    """Streaming statistics over selected step samples (``factory.envsim.steps``).
+
+    A step sample is one executed call, so "distinct tool sequences" and user-turn
+    n-grams say nothing of it; what makes simulator data worth training on is how many
+    different calls (tool and arguments) and world states it shows, how its labels
+    spread, and how many episodes it draws from.
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.calls = DistinctCounter()  # tool and canonical arguments
+        self.states = DistinctCounter()  # the state slice before the call
+        self.tool_use: Counter[str] = Counter()
+        self.tokens: Counter[int] = Counter()  # in bins of TOKEN_BIN
+        self.per_task: Counter[str] = Counter()
+        self.labels: dict[str, Counter[str]] = {}
+
+    def add(self, sample: Mapping[str, Any], *, chars: int) -> None:
+        """Count one selected sample (``StepSample.to_dict()``); ``chars`` is the length
+        of the training row written for it (instruction, input and output)."""
+        self.rows += 1
+        tool = str(sample.get("tool") or "")
+        self.calls.add(tool + "\x1f" + canonical_json(sample.get("arguments") or {}))
+        self.states.add(canonical_json(sample.get("state_before") or {}))
+        self.tool_use[tool] += 1
+        self.tokens[-(-chars // 4) // TOKEN_BIN] += 1
+        labels = sample.get("labels") or {}
+        task = labels.get("task_id") or sample.get("task_id")
+        if task:
+            self.per_task[str(task)] += 1
+        for key, value in labels.items():
+            if key in STEP_PROVENANCE:
+                continue
+            if isinstance(value, (str, int, bool)) or value is None:
+                self.labels.setdefault(key, Counter())[str(value)] += 1
+
+    def summary(self, tasks: Iterable[str] | None = None) -> dict[str, Any]:
+        """The envsim manifest's ``diversity`` section.
+
+        Args:
+            tasks: every task (episode) the selection could draw from, for the tasks
+                that gave it no row.
+        """
+
+        def share(n: int) -> float | None:
+            return round(n / self.rows, 4) if self.rows else None
+
+        out: dict[str, Any] = {
+            "unit": "step",
+            "rows": self.rows,
+            "distinct_calls": self.calls.count(),
+            "distinct_calls_share": share(self.calls.count()),
+            "distinct_states": self.states.count(),
+            "distinct_states_share": share(self.states.count()),
+            "tool_calls": dict(sorted(self.tool_use.items())),
+            "tokens": histogram_summary(self.tokens, TOKEN_BIN),
+            "labels": {k: dict(sorted(c.items())) for k, c in sorted(self.labels.items())},
+        }
+        if tasks is not None:
+            per = rows_per_source(self.per_task, list(tasks))
+            out["per_task"] = {
+                "tasks": per["sources"],
+                **{k: per[k] for k in ("min", "median", "max")},
+                "tasks_with_nothing": per["with_nothing"],
+            }
+        return out
+
+
+def rows_per_source(counts: Mapping[str, int], sources: list[str]) -> dict[str, Any]:
+    """Rows per seed (or task) over every source, the ones that gave nothing included."""
+    per = [counts.get(s, 0) for s in sources]
+    zero = sorted(s for s in sources if not counts.get(s))
+    return {
+        "sources": len(sources),
+        "min": min(per) if per else None,
+        "median": median(per) if per else None,
+        "max": max(per) if per else None,
+        "with_nothing": len(zero),
+        "with_nothing_ids": zero[:ZERO_SEEDS_LISTED],
+    }
 
 
 def _call_names(value: str) -> list[str]:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from factory.config import RecipeConfig
+from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
 from factory.engine.result import RunResult, _progress, new_manifest
@@ -190,8 +191,11 @@ def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[s
 _PROVENANCE = ("task_id", "user_id", "env_id")
 
 
-def _alpaca_rows(cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: dict) -> Any:
-    """Stream the chosen candidates (in selection order) as alpaca rows.
+def _alpaca_rows(
+    cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: dict, stats: StepDiversity
+) -> Any:
+    """Stream the chosen candidates (in selection order) as alpaca rows, counting each
+    in ``stats`` (the manifest's ``diversity``).
 
     Two episodes can make the same step (same id: the id hashes the call and the
     state, not the episode); the copy written is the one whose provenance the
@@ -213,7 +217,9 @@ def _alpaca_rows(cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: 
                     picked.append((rank, sample))
     picked.sort(key=lambda p: p[0])
     for _, sample in picked:
-        yield alpaca_row(cfg, sample, tools)
+        row = alpaca_row(cfg, sample, tools)
+        stats.add(sample, chars=sum(len(row[k]) for k in ("instruction", "input", "output")))
+        yield row
 
 
 def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
@@ -310,9 +316,21 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
             seed=ho.seed,
             **exclusions,
         )
+    # the tasks (episodes) each side could draw from: the yield's denominator
+    tasks = {
+        side: sorted(
+            {
+                str(k["labels"].get("task_id"))
+                for k in keys
+                if k["heldout"] is side and k["labels"].get("task_id")
+            }
+        )
+        for side in (False, True)
+    }
     del keys
+    diversity = StepDiversity()
     data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
-    data.extend(_alpaca_rows(cfg, selection, out_dir, tools))
+    data.extend(_alpaca_rows(cfg, selection, out_dir, tools, diversity))
     data.close()
     writers: list[Any] = [data, candidates, rejects]
     splits: dict[str, str] = {}
@@ -320,7 +338,8 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
         held = ShardWriter(
             out_dir, subdir="heldout", schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows
         )
-        held.extend(_alpaca_rows(cfg, held_selection, out_dir, tools))
+        held_diversity = StepDiversity()
+        held.extend(_alpaca_rows(cfg, held_selection, out_dir, tools, held_diversity))
         held.close()
         writers.append(held)
         splits[f"{cfg.output.dataset_name}_heldout"] = "heldout"
@@ -330,6 +349,7 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
             "rows": held.rows_written,
             "world_seed": heldout_world,
             "mixture": held_selection.summary(),
+            "diversity": held_diversity.summary(tasks[True]),
         }
     write_dataset_info(out_dir, cfg.output.dataset_name, formatting="alpaca", splits=splits)
     groups = Counter(
@@ -354,6 +374,7 @@ def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
         pipeline="envsim",
         episodes=episodes,
         mixture={**selection.summary(), "groups": dict(groups)},
+        diversity=diversity.summary(tasks[False]),
     )
     for writer in writers:
         manifest.files.update(writer.files)
