@@ -371,3 +371,31 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
     assert budget.state.reserved_cost_usd == pytest.approx(0.0, abs=1e-12)
     sent = [r for r in _log(log) if r.get("kind") == "batch_submit"]
     assert len(sent) == 6 + len(submitted)  # the probe's six, then only the admitted
+
+
+def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
+    """The Batch API backend never ignores an endpoint the recipe lists: the run refuses
+    to start (on the driver, before Ray) instead of sending everything to the first."""
+    from factory.config import load_recipe
+    from factory.engine.stages.llm_stage import build_backend_for
+    from factory.errors import ConfigError
+
+    from .conftest import ROOT
+
+    two = [{"base_url": "http://127.0.0.1:9/v1"}, {"base_url": "http://127.0.0.1:10/v1"}]
+    cfg = load_recipe(
+        ROOT / "pipelines" / "airline.yaml",
+        [f"output.dir={tmp_path}", "llm.backend=openai_batch", f"llm.endpoints={json.dumps(two)}"],
+    )
+    with pytest.raises(ConfigError) as info:
+        build_backend_for(cfg, "gpt-5")
+    assert info.value.key_path == "llm.endpoints" and "one endpoint" in str(info.value)
+    one = load_recipe(
+        ROOT / "pipelines" / "airline.yaml",
+        [
+            f"output.dir={tmp_path}",
+            "llm.backend=openai_batch",
+            f"llm.endpoints={json.dumps(two[:1])}",
+        ],
+    )
+    assert isinstance(build_backend_for(one, "gpt-5"), BatchBackend)

@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 from pydantic import Field
 
-from factory.errors import LLMError, LLMServerError
+from factory.errors import ConfigError, LLMError, LLMServerError
 from factory.llm.backends.base import (
     Backend,
     BackendOptions,
@@ -475,7 +475,20 @@ class BatchBackend(Backend):
 
 
 def build(setup: BackendSetup) -> Backend:
+    """A Batch API backend for ``setup.model``.
+
+    Raises:
+        ConfigError: ``llm.endpoints`` lists more than one endpoint (a batch, its files
+            and its journal entry live on one account: spreading them would need one
+            journal per endpoint, and the second endpoint would otherwise be ignored).
+    """
     llm = setup.llm
+    if len(llm.endpoints) > 1:
+        raise ConfigError(
+            f"the Batch API backend submits every batch to one endpoint; {len(llm.endpoints)} "
+            "are listed (keep one, or use an online backend to spread calls over several)",
+            key_path="llm.endpoints",
+        )
     endpoint = llm.endpoints[0]
     options = setup.options
     assert isinstance(options, BatchOptions)
