@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from factory.engine.raycompat import ray_address
 from factory.engine.watchdog import DriverWatch, loss_reason
 
 from .conftest import ROOT
-from .helpers import dev_overrides, read_rows, recipe, stop_head
+from .helpers import dev_overrides, free_port, listening, read_rows, recipe, stop_head
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -84,12 +83,6 @@ def test_ray_address_may_change_between_runs_of_one_folder() -> None:
 # --- Ray: which cluster a run joins ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_stale_cluster_file_is_ignored_and_the_run_starts_its_own_ray(tmp_path) -> None:
@@ -99,7 +92,7 @@ def test_a_stale_cluster_file_is_ignored_and_the_run_starts_its_own_ray(tmp_path
     env = _env()
     stale = Path(env["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
     stale.parent.mkdir(parents=True)
-    stale.write_text(f"127.0.0.1:{_free_port()}")  # nothing listens there
+    stale.write_text(f"127.0.0.1:{free_port()}")  # nothing listens there
     out = tmp_path / "out"
     args = [sys.executable, "-m", "factory.run", "airline-seeds.yaml", "-o", str(out)]
     args.append("--no-progress")
@@ -185,6 +178,10 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
 # --- the README's cluster quick-start, for real ------------------------------------------
 
 
+# What the dashboard answers a job submitted before its agent registered (Ray 2.60).
+NO_AGENT = "No available agent to submit job"
+
+
 def _quick_start_blocks() -> tuple[str, str]:
     """The two shell blocks of README's "Local quick-start on a Ray cluster" section."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -217,7 +214,7 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
     head, submit = _quick_start_blocks()
     fixed = re.findall(r"--[a-z-]*port (\d+)", head)
     lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", head))
-    base = _free_port()  # worker ports: a range of the README's width from a free port
+    base = free_port()  # worker ports: a range of the README's width from a free port
     workers = range(base, base + highest - lowest + 1)
     ports = {str(lowest): str(base), str(highest): str(workers[-1])}
     for p in fixed:
@@ -226,9 +223,9 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
         # Every other port outside the worker range and unique: Ray refuses a port two
         # components would share (a CI run drew the node manager's port inside the
         # worker range, 2026-11-22).
-        port = _free_port()
+        port = free_port()
         while port in workers or str(port) in ports.values():
-            port = _free_port()
+            port = free_port()
         ports[p] = str(port)
     tmp_ray = tempfile.mkdtemp(prefix="rq", dir="/tmp")  # short: Ray's socket paths
     out = tmp_path / "out"
@@ -251,9 +248,10 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
         # aborts when the dashboard agent needs more than 30 s to start) and a free port
         # for the dashboard's own metrics server (44227 is taken by any other head).
         RAY_agent_register_timeout_ms="300000",
-        DASHBOARD_METRIC_PORT=str(_free_port()),
+        DASHBOARD_METRIC_PORT=str(free_port()),
     )
     dashboard = ports[re.search(r"--dashboard-port (\d+)", head).group(1)]  # type: ignore[union-attr]
+    agent = ports[re.search(r"--dashboard-agent-listen-port (\d+)", head).group(1)]  # type: ignore[union-attr]
     token_file = home / ".ray" / "auth_token"
     head_proc = None
     try:
@@ -271,9 +269,14 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
                     start_new_session=True,
                 )
             deadline = time.time() + 300
+            # Up = the dashboard answers and the head's dashboard agent (which runs the
+            # job) listens: the dashboard waits only 10 s for that agent when a job is
+            # submitted, and a loaded machine started it later ("No available agent to
+            # submit job", hog loop, 2026-11-23).
             while head_proc.poll() is None and not (
                 token_file.is_file()
                 and _http_ok(f"http://127.0.0.1:{dashboard}/api/jobs/", token_file.read_text())
+                and listening(int(agent))
             ):
                 assert time.time() < deadline, "the head did not come up"
                 time.sleep(0.5)
@@ -282,14 +285,20 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
             head_proc.wait()
             failure = head_log.read_text()
             assert attempt < 2 and "timed out during startup" in failure, failure[-3000:]
-        job = subprocess.run(
-            ["bash", "-ec", adapt(submit)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        for _ in range(3):
+            job = subprocess.run(
+                ["bash", "-ec", adapt(submit)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            # Refused before a job existed, with Ray's "please try again later" (what the
+            # README tells a person to do): nothing ran, so submitting again is the same job.
+            if NO_AGENT not in job.stdout + job.stderr:
+                break
+            time.sleep(5)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout + job.stderr
         manifest = json.loads((out / "manifest.json").read_text())

@@ -32,7 +32,7 @@ from factory.engine.serve import (
 from factory.errors import ConfigError
 
 from .conftest import ROOT
-from .helpers import read_rows, stop_head
+from .helpers import free_port, listening, read_rows, stop_head
 
 # --- pure parts ---------------------------------------------------------------------------
 
@@ -200,16 +200,10 @@ def test_the_guard_passes_on_how_the_engine_ended() -> None:
 # --- the lifecycle on a Ray cluster --------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _free_range(n: int) -> int:
     """The first of ``n`` consecutive free ports on 127.0.0.1."""
     for _ in range(200):
-        first = _free_port()
+        first = free_port()
         if first + n > 65535:
             continue
         try:
@@ -228,17 +222,17 @@ def _start_head(
     """``ray start --head`` on fresh free ports: (process, driver env, GCS port, log)."""
     tmp_ray = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     home = tmp_path_factory.mktemp("home")
-    gcs = _free_port()
+    gcs = free_port()
     workers = _free_range(40)
     ports = {
         "--port": gcs,
-        "--dashboard-agent-listen-port": _free_port(),
-        "--dashboard-agent-grpc-port": _free_port(),
-        "--metrics-export-port": _free_port(),
-        "--runtime-env-agent-port": _free_port(),
-        "--ray-client-server-port": _free_port(),
-        "--node-manager-port": _free_port(),
-        "--object-manager-port": _free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(),
+        "--metrics-export-port": free_port(),
+        "--runtime-env-agent-port": free_port(),
+        "--ray-client-server-port": free_port(),
+        "--node-manager-port": free_port(),
+        "--object-manager-port": free_port(),
         "--min-worker-port": workers,
         "--max-worker-port": workers + 39,
     }
@@ -282,7 +276,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         # A driver that dials the GCS before it listens can hang far past its own retries
         # (seen twice on a loaded machine: 300 s of "Failed to connect to GCS"), so wait
         # for the port first, and give each probe less than the whole deadline.
-        _poll(lambda h=head, p=gcs: h.poll() is not None or _listening(p), "the GCS port", 300)
+        _poll(lambda h=head, p=gcs: h.poll() is not None or listening(p), "the GCS port", 300)
         _poll(
             lambda h=head, e=driver_env: h.poll() is not None or _fake_gpus_free(e) == 2.0,
             "the Ray head",
@@ -298,13 +292,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         yield driver_env
     finally:
         stop_head(head)
-
-
-def _listening(port: int) -> bool:
-    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _fake_gpus_free(env: dict[str, str], timeout_s: float = 120.0) -> float | None:
