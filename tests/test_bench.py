@@ -54,3 +54,22 @@ def test_bench_seeds_come_from_the_recipe(tmp_path: Path) -> None:
 def test_unknown_recipe_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["amplify", "--recipe", "no-such-recipe.yaml"]) == EXIT_CONFIG
     assert "recipe not found" in capsys.readouterr().err
+
+
+def test_a_bad_set_is_a_config_error_naming_the_key_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench amplify --set`` overrides the recipe as ``factory run --set`` does (e.g. to
+    time a run with near-duplicate removal on); a bad value stops it before the devserver
+    or Ray starts."""
+    import factory.bench as bench
+
+    def no_server(*args: object, **kw: object) -> None:
+        raise AssertionError("the devserver was started")
+
+    monkeypatch.setattr(bench, "_start_server", no_server)
+    monkeypatch.setattr(bench.tempfile, "tempdir", str(tmp_path))
+    argv = ["amplify", "--seeds", "2", "--target", "2", "--set", "near_duplicates={threshold: 7}"]
+    assert main(argv) == EXIT_CONFIG
+    assert "near_duplicates.threshold" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no work folder either

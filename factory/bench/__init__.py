@@ -242,6 +242,7 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
     from factory.engine.runner import run
     from factory.run import devserver_overrides
 
+    load_recipe(args.recipe, args.overrides)  # a bad --set fails here, before any process
     work = Path(tempfile.mkdtemp(prefix="factory-bench-"))
     # The client keeps a few more requests open than the server serves at once, so the
     # server's queue, not a gap on the client side, decides when a slot is refilled
@@ -257,6 +258,7 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
         cfg = load_recipe(
             args.recipe,
             [
+                *args.overrides,
                 *devserver_overrides(url),
                 f"seeds.path={seeds}",
                 f"amplify.target={args.target}",
