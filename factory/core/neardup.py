@@ -147,7 +147,8 @@ class NearDupIndex:
     """Every accepted row's signature, queried before a row is accepted.
 
     Memory: the LSH tables plus one signature per row (~1 kB at 128 permutations),
-    ~200 MB at 90k rows measured (BENCHMARKS.md), independent of row length.
+    144 MB for the 89,961 rows of a whole 90k run (BENCHMARKS.md), independent of row
+    length.
     """
 
     def __init__(self, params: NearDupParams):
