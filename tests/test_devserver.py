@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -343,6 +344,42 @@ def test_fail_after_kills_the_server_mid_run() -> None:
             with pytest.raises(openai.APIConnectionError):
                 c.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}])
         assert s.stats()["completed"] == 2
+
+
+def test_connections_are_tracked_until_lost_and_all_dropped_when_the_server_dies() -> None:
+    """Idle keep-alive connections count as open until their client leaves; dying resets
+    every one, and none is left for the garbage collector to find unclosed."""
+    import http.client
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+    def ask(conn: http.client.HTTPConnection) -> int:
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+
+    def until(predicate: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert predicate()
+
+    with DevServer(DevServerConfig(fail_after=3)) as s:
+        conns = [http.client.HTTPConnection("127.0.0.1", s.port, timeout=10) for _ in range(3)]
+        assert [ask(c) for c in conns] == [200, 200, 200]
+        until(lambda: s.stats()["connections"] == 3)  # kept alive, idle
+        conns[0].close()
+        until(lambda: s.stats()["connections"] == 2)  # a lost connection is forgotten
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            ask(conns[1])  # request 4: the server dies
+        until(lambda: s.stats()["connections"] == 0 and not s.stats()["alive"])
+        idle = conns[2].sock
+        assert idle is not None
+        with contextlib.suppress(ConnectionResetError):  # closed too: end of stream or reset
+            assert idle.recv(1) == b""
+        for c in conns:
+            c.close()
 
 
 # --- configuration and CLI --------------------------------------------------------------

@@ -36,6 +36,8 @@ class RunningServer:
     async def close(self) -> None:
         self.state.die()
         await self.wait_dead()
+        self.state.drop_connections()  # any accepted while it was dying
+        await asyncio.sleep(0)  # let the resets run before the loop may stop
 
 
 async def start_server(config: DevServerConfig) -> RunningServer:
@@ -45,6 +47,8 @@ async def start_server(config: DevServerConfig) -> RunningServer:
     state.died = asyncio.Event()
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
+    assert runner.server is not None
+    state.track_connections(runner.server)
     site = web.TCPSite(runner, HOST, config.port)
     try:
         await site.start()
