@@ -36,6 +36,8 @@ class RunningServer:
     async def close(self) -> None:
         self.state.die()
         await self.wait_dead()
+        self.state.drop_connections()  # any accepted while it was dying
+        await asyncio.sleep(0)  # let the resets run before the loop may stop
 
 
 async def start_server(config: DevServerConfig) -> RunningServer:
