@@ -1,4 +1,11 @@
-"""Shared fixtures: repository paths, the reference data folder, one Ray session, plug-in sites."""
+"""Shared fixtures: repository paths, the reference data folder, one Ray session, plug-in sites.
+
+Also the suite's two speeds (README, "Developing"): a test is ``slow`` when it starts Ray, a
+process or a whole run. Everything under ``tests/e2e/`` and every test that uses the
+``ray_session`` fixture or the ``ray`` marker is marked here; a test that starts a process
+marks itself. ``pytest -m "not slow"`` is the fast loop, and the guard below keeps it
+honest: outside a ``slow`` test, starting Ray or a subprocess fails the test, naming it.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +46,55 @@ def install_distribution(site: Path, dist: str, group: str, points: Mapping[str,
     )
     lines = "".join(f"{name} = {value}\n" for name, value in points.items())
     (info / "entry_points.txt").write_text(f"[{group}]\n{lines}", encoding="utf-8")
+
+
+SLOW_FIXTURES = frozenset({"ray_session"})
+SLOW_MARKERS = ("ray", "slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tests: whole runs (``tests/e2e/``), Ray sessions, the ``ray`` marker."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:
+        path = Path(str(item.fspath))
+        if (
+            e2e in path.parents
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or any(item.get_closest_marker(m) for m in SLOW_MARKERS)
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
+class SlowWork(AssertionError):
+    """A test outside the ``slow`` mark started Ray or a process."""
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_stay_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Outside ``slow`` tests, starting Ray or a subprocess is an error that says what to do:
+    the fast loop (``-m "not slow"``) must stay seconds, not minutes."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import subprocess
+
+    name = request.node.nodeid
+
+    def refuse(what: str):
+        def raiser(*args: Any, **kwargs: Any) -> Any:
+            raise SlowWork(f"{name} {what}: mark it @pytest.mark.slow (or test the pure function)")
+
+        return raiser
+
+    import multiprocessing.process
+    import sys
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("starts a subprocess"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("starts a process"))
+
+    if "ray" in sys.modules:
+        monkeypatch.setattr(sys.modules["ray"], "init", refuse("starts Ray"))
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,7 @@ import pytest
 
 from factory import cli
 from factory.cli import COMMANDS, build_parser, main
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def _readme_help() -> str:
@@ -73,6 +72,7 @@ def test_domain_dispatches_to_its_module_or_says_it_is_missing(
     assert fake_domain_cli.seen == [["new", "retail"]]
 
 
+@pytest.mark.slow
 def test_the_console_script_and_python_m_factory() -> None:
     (script,) = entry_points(group="console_scripts", name="factory")
     assert script.value == "factory.cli:entry"

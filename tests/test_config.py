@@ -15,8 +15,7 @@ from factory.config import (
     resolve_recipe_path,
 )
 from factory.errors import ConfigError
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 BASE = {
     "name": "t",

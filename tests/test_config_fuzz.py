@@ -28,8 +28,7 @@ from hypothesis import strategies as st
 from factory.config import SCHEMA_PATH, config_hash, load_recipe
 from factory.errors import ConfigError
 from factory.run import main
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 RECIPE = ROOT / "pipelines" / "airline.yaml"
 BASE: dict[str, Any] = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))

@@ -31,9 +31,8 @@ from factory.evaluate import (
     tool_sources,
 )
 from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
-
-from .conftest import ROOT
-from .helpers import booking_args
+from tests.conftest import ROOT
+from tests.helpers import booking_args
 
 ENV_ID = "airline-gen-3"
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import factory
 
 
@@ -13,6 +15,7 @@ def test_all_is_sorted_and_resolves() -> None:
         assert getattr(factory, name) is not None
 
 
+@pytest.mark.slow
 def test_importing_factory_stays_light() -> None:
     code = "import sys, factory; print(' '.join(m for m in ('ray', 'aiohttp', 'openai')"
     code += " if m in sys.modules))"

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from factory.envs.registry import available_domains
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 PACKAGE = ROOT / "factory"
 PROSE_KEYWORDS = {"help", "description", "epilog"}

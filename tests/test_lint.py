@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,7 @@ from .conftest import ROOT
     ],
     ids=["ruff-check", "ruff-format", "mypy"],
 )
+@pytest.mark.slow
 def test_static_checks(command: list[str]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -27,6 +28,7 @@ def test_static_checks(command: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_import_contracts() -> None:
     """Imports point down the layers and form no cycle (ARCHITECTURE.md; the contracts are
     ``[tool.importlinter]`` in pyproject.toml)."""

@@ -3,7 +3,7 @@
 One registry so the manifest, the rejects files and the tests agree on the
 vocabulary. A code is a short snake_case string; domain rules add codes of
 the form ``domain:<rule id>`` declared in ``filters/<domain>.yaml``.
-``tests/test_reasons.py`` checks that every code here is reachable from a
+``tests/core/test_reasons.py`` checks that every code here is reachable from a
 crafted bad input.
 """
 

@@ -156,7 +156,7 @@ def await_batches_per_task(n: int) -> None:
     value from a module constant when it plans the dataset on the driver (the closure
     it builds goes to the actors), so it is raised there, process-wide and never
     lowered (a user's larger environment value stands). A Ray upgrade that renames the
-    constant fails ``tests/test_raycompat.py`` instead of silently losing throughput.
+    constant fails ``tests/engine/test_raycompat.py`` instead of silently losing throughput.
     """
     from ray.data._internal.planner import plan_udf_map_op
 

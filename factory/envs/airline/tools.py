@@ -5,7 +5,7 @@ fork thousands of worlds without tau-bench's user simulator or LLM clients,
 and must know which objects a call may write (copy-on-write forks, slices).
 The semantics are tau-bench's, statement order included, because the order
 decides which error a malformed call hits and how much it changed before
-failing; ``tests/test_airline_env.py`` replays the 1,164 recorded GPT-4o
+failing; ``tests/envs/airline/test_env.py`` replays the 1,164 recorded GPT-4o
 observations to hold us to that.
 
 Conventions kept from tau-bench (``tau_bench/envs/airline/tools/*.py``):

@@ -4,7 +4,7 @@ Why reimplement instead of depending on tau-bench: the factory forks and steps
 thousands of worlds and must know which objects a call may write (copy-on-write
 forks, slices). The semantics are tau-bench's, check order included, because
 the order decides which error a wrong call hits and what it changed before
-failing; ``tests/test_retail_env.py`` replays the 4,073 observations of
+failing; ``tests/envs/retail/test_env.py`` replays the 4,073 observations of
 ``replays-train.json`` to hold us to that, and tests the refusals the replays
 never reach.
 

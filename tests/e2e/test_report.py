@@ -1,0 +1,66 @@
+"""A real run writes its report and dataset card, the folder still matches its
+manifest, the card loads with ``datasets``, and the report opens in a browser."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from factory.io.runstate import verify_output
+from tests.helpers import dev_overrides, recipe
+from tests.helpers.browser import chromium_path, open_page
+from tests.helpers.reportfolder import make_folder
+
+
+@pytest.mark.ray
+def test_a_run_ends_with_its_report_and_card(ray_session, devserver, tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    from factory.engine.runner import run
+
+    server = devserver(seed=41, defects={"malformed_json": 0.2})
+    out = tmp_path / "o"
+    result = run(
+        recipe("airline.yaml", out, *dev_overrides(server.url, target=30)), out, progress=False
+    )
+    assert result.exit_code == 0 and result.totals["accepted"] == 30
+    report, card = out / "report.html", out / "README.md"
+    assert str(report) in result.summary() and str(card) in result.summary()
+    verify_output(out)  # the documents are not shards: the manifest still holds
+    assert json.loads((out / "run.json").read_text())["status"] == "done"
+    manifest = json.loads((out / "manifest.json").read_text())
+    timeline = manifest["timeline"]
+    assert timeline["columns"][:3] == ["seconds", "total", "accepted"]
+    assert timeline["points"][-1][1:3] == [result.totals["total"], 30]  # the end is a point
+    page = report.read_text(encoding="utf-8")
+    codes = [code for stage in manifest["reasons"].values() for code in stage]
+    assert codes and all(code in page for code in codes)  # defects: some rows rejected
+    assert 'alt="Rows over time"' in page and 'alt="Cost per stage (USD)"' in page
+    ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    assert ds.num_rows == 30
+    if chromium_path():
+        check = open_page(report)
+        assert check.console_errors == [] and check.requests == []
+        assert len(check.plots) >= 10
+        assert all(p["complete"] and p["width"] > 0 and p["shown"] > 0 for p in check.plots)
+
+
+def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
+    tmp_path: Path,
+) -> None:
+    from factory.io.report import write_report
+
+    chromium_path()  # skips, saying why, without a browser
+    extra = {"diversity": {"tools_per_row": {"1": 4, "2": 8}}}
+    report = write_report(make_folder(tmp_path / "o", extra=extra))
+    check = open_page(report, screenshot=tmp_path / "shot.png")
+    assert check.title.startswith("factory run report")
+    assert check.console_errors == []
+    assert check.requests == []  # nothing fetched: the file is the whole report
+    assert len(check.plots) >= 11
+    for plot in check.plots:
+        assert plot["complete"] and plot["width"] > 50 and plot["height"] > 50, plot
+        assert plot["shown"] > 50, plot
+    assert (tmp_path / "shot.png").stat().st_size > 10_000

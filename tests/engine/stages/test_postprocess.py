@@ -1,0 +1,134 @@
+"""Post-processing does each thing once (issue 9), with outputs byte-identical to before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from factory.bench import postprocess_completions
+from factory.config import load_recipe
+from factory.core.schema import fast_check
+from factory.engine.stages.base import make_row
+from factory.engine.stages.export import row_json
+from factory.engine.stages.postprocess import PostprocessStage
+from tests.conftest import ROOT as REPO_ROOT
+
+ROOT = REPO_ROOT
+COLUMNS = ("status", "stage", "reason", "message", "id", "output", "labels", "raw", "grounding")
+# sha256 of every output row for 300 devserver completions (30% with a defect), computed
+# with the code of main before issue 9 (commit d283016), which normalised and rendered
+# every trajectory twice; the same completions must give the same bytes.
+GOLDEN = {
+    (): "0e3091cebfa8b086ff27b1d5938852f81bf309e278acab1bc660118e772a8514",
+    ("output.reasoning=strip", "amplify.system_prompt_format=hermes"): (
+        "c68accad9874d963c9f604ae9044431a13e756f375f203bb1c91da7723f23f23"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def completions() -> list[str]:
+    return postprocess_completions(
+        300, recipe=ROOT / "pipelines/airline.yaml", seed=9, defect_rate=0.3
+    )
+
+
+@pytest.mark.parametrize("overrides", list(GOLDEN), ids=["json-keep", "hermes-strip"])
+def test_outputs_are_those_of_main(completions: list[str], overrides: tuple[str, ...]) -> None:
+    stage = PostprocessStage(load_recipe(ROOT / "pipelines/airline.yaml", list(overrides)))
+    digest = hashlib.sha256()
+    statuses = set()
+    for i, text in enumerate(completions):
+        row = make_row(completion=text, seed_id=f"s{i % 41}", source=f"s#{i}", call_index=i)
+        out = stage.run_one(row)
+        statuses.add(out["status"])
+        digest.update(json.dumps([out.get(k) for k in COLUMNS]).encode())
+    assert statuses == {"ok", "rejected"}
+    assert digest.hexdigest() == GOLDEN[overrides]
+
+
+def test_row_json_is_json_dumps() -> None:
+    row: dict[str, Any] = {
+        "conversations": [{"from": "human", "value": 'Zürich "now"\n'}],
+        "system": "Policy \u2014 é",
+        "tools": json.dumps([{"name": "t"}]),
+        "id": "abc",
+        "meta": "{}",
+    }
+    for _ in range(2):  # the second time from the memo
+        assert row_json(row) == json.dumps(row, ensure_ascii=False)
+    other = {**row, "system": "other"}
+    assert row_json(other) == json.dumps(other, ensure_ascii=False)
+
+
+def _tools() -> list[dict[str, Any]]:
+    return json.loads((ROOT / "prompts/airline/tools.json").read_text())
+
+
+def _instances(completions: list[str]) -> list[tuple[str, Any]]:
+    """(tool, arguments) of every call in the completions, plus hand-made edge cases."""
+    found = []
+    for text in completions:
+        try:
+            messages = json.loads(text).get("messages", [])
+        except (ValueError, AttributeError):
+            continue
+        for m in messages:
+            for c in m.get("tool_calls") or []:
+                found.append((c.get("name"), c.get("arguments")))
+    edge: list[Any] = [{}, [], None, 1.0, True, "x", {"user_id": 1}, {"user_id": True}]
+    names = [t.get("function", t)["name"] for t in _tools()]
+    return found + [(n, e) for n in names for e in edge]
+
+
+def test_fast_check_accepts_only_what_jsonschema_accepts(completions: list[str]) -> None:
+    schemas = {t.get("function", t)["name"]: t.get("function", t)["parameters"] for t in _tools()}
+    checks = {name: fast_check(schema) for name, schema in schemas.items()}
+    assert all(check is not None for check in checks.values())
+    accepted = 0
+    for name, arguments in _instances(completions):
+        if name not in schemas:
+            continue
+        valid = Draft202012Validator(schemas[name]).is_valid(arguments)
+        fast = checks[name](arguments)  # type: ignore[misc]
+        assert not fast or valid, (name, arguments)
+        accepted += fast
+    assert accepted > 100  # the fast path is taken, not just safe
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "multipleOf": 2},
+        {"anyOf": [{"type": "string"}]},
+        {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"},
+        {"type": "object", "patternProperties": {"^x": {}}},
+        {"enum": [1, 2]},
+    ],
+)
+def test_fast_check_declines_keywords_it_does_not_cover(schema: dict[str, Any]) -> None:
+    assert fast_check(schema) is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "expected"),
+    [
+        ({"type": "integer"}, 1.0, False),  # jsonschema says valid: left to it
+        ({"type": "integer"}, True, False),
+        ({"type": "number", "minimum": 0}, -1, False),
+        ({"type": "string", "pattern": "^A$(?!\\n)"}, "A\n", False),
+        ({"type": "string", "pattern": "^A$(?!\\n)"}, "A", True),
+        ({"type": "object", "additionalProperties": False}, {"a": 1}, False),
+        ({"type": "array", "items": {"type": "string"}, "minItems": 1}, ["a"], True),
+        ({"type": "array", "items": {"type": "string"}, "minItems": 1}, [], False),
+    ],
+)
+def test_fast_check_cases(schema: dict[str, Any], value: Any, expected: bool) -> None:
+    check = fast_check(schema)
+    assert check is not None and check(value) is expected
+    if expected:
+        assert Draft202012Validator(schema).is_valid(value)

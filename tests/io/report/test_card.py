@@ -1,0 +1,136 @@
+"""``OUT/README.md`` (the Hugging Face dataset card) and ``factory push``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from factory.cli import main
+from factory.errors import ConfigError, OutputWriteError
+from factory.io.report.card import size_category, write_card
+from factory.io.report.hub import PUSHED, push
+from tests.helpers.reportfolder import make_folder
+
+
+def _header(card: str) -> dict[str, Any]:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n", 2)[1])
+
+
+def test_the_card_has_the_hub_metadata_and_the_provenance(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    card = write_card(out, license_id="apache-2.0").read_text(encoding="utf-8")
+    meta = _header(card)
+    assert meta["license"] == "apache-2.0" and meta["size_categories"] == ["n<1K"]
+    assert meta["configs"] == [
+        {"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}
+    ]
+    names = [f["name"] for f in meta["dataset_info"]["features"]]
+    assert names == ["conversations", "system", "tools", "id", "meta"]
+    assert meta["dataset_info"]["splits"] == [{"name": "train", "num_examples": 12}]
+    assert (
+        "generated_with_devserver: true" in card and "Generated with the development server" in card
+    )
+    assert "models:\n- factory-dev" in card and "seeds/airline/seeds.jsonl" in card
+    assert "| accepted | 12 |" in card and "started_at:" in card
+    assert "10.0.0.7" not in card  # the operator's endpoints are not the dataset's business
+
+
+def test_a_license_once_set_stays_when_the_card_is_written_again(tmp_path: Path) -> None:
+    from factory.io.report import write_documents
+
+    out = make_folder(tmp_path / "o")
+    assert _header(write_card(out).read_text(encoding="utf-8"))["license"] == "other"
+    assert main(["report", str(out), "--license", "cc-by-4.0"]) == 0
+    # a resumed run ends by writing its reports again, without a license
+    write_documents(out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert _header(card)["license"] == "cc-by-4.0" and "License: `cc-by-4.0`" in card
+    assert main(["report", str(out)]) == 0
+    assert _header((out / "README.md").read_text(encoding="utf-8"))["license"] == "cc-by-4.0"
+    explicit = write_card(out, license_id="mit").read_text(encoding="utf-8")
+    assert _header(explicit)["license"] == "mit"
+
+
+def test_the_folder_loads_with_datasets_as_it_is(tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    out = make_folder(tmp_path / "o")
+    (out / "cache").mkdir()  # what else a run leaves: never read as data
+    (out / "cache" / "seg-0.jsonl").write_text('{"request_id": "x", "text": "paid"}\n')
+    write_card(out)
+    ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    assert ds.num_rows == 12
+    assert ds.column_names == ["conversations", "system", "tools", "id", "meta"]
+    assert ds[0]["conversations"][0]["from"] == "human"
+
+
+@pytest.mark.parametrize(
+    ("rows", "category"),
+    [(0, "n<1K"), (999, "n<1K"), (1000, "1K<n<10K"), (90_000, "10K<n<100K"), (10**8, "n>10M")],
+)
+def test_size_categories(rows: int, category: str) -> None:
+    assert size_category(rows) == category
+
+
+class FakeApi:
+    """Records what ``HfApi`` would be asked; never touches the network."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def create_repo(self, *args: Any, **kw: Any) -> str:
+        self.calls.append(("create_repo", args, kw))
+        return "url"
+
+    def upload_folder(self, *args: Any, **kw: Any) -> str:
+        self.calls.append(("upload_folder", args, kw))
+        return "commit-1"
+
+
+def test_push_uploads_the_dataset_files_only(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    api = FakeApi()
+    assert push(out, "me/airline", api=api, license_id="mit") == "commit-1"
+    (create, cargs, ckw), (upload, _, ukw) = api.calls
+    assert create == "create_repo" and cargs == ("me/airline",)
+    assert ckw == {"repo_type": "dataset", "private": False, "exist_ok": True}
+    assert upload == "upload_folder" and ukw["repo_type"] == "dataset"
+    assert ukw["folder_path"] == str(out) and ukw["allow_patterns"] == PUSHED
+    assert "cache" not in json.dumps(PUSHED) and "rejects" not in json.dumps(PUSHED)
+    assert _header((out / "README.md").read_text())["license"] == "mit"
+    assert (out / "report.html").is_file()  # what it pushes exists
+
+
+def test_push_through_the_command_stops_where_the_network_would_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    api = FakeApi()
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", api.create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", api.upload_folder)
+    out = make_folder(tmp_path / "o")
+    assert main(["push", str(out), "me/airline", "--private"]) == 0
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+    assert api.calls[0][2]["private"] is True
+    assert "me/airline" in capsys.readouterr().out
+
+
+def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    (out / "data" / "part-00000.parquet").unlink()
+    with pytest.raises(OutputWriteError, match="not on disk"):
+        push(out, "me/airline", api=FakeApi())
+    state = json.loads((out / "run.json").read_text())
+    state["status"] = "running"
+    (out / "run.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="has not ended"):
+        push(out, "me/airline", api=FakeApi())
+    with pytest.raises(ConfigError, match="OWNER/NAME"):
+        push(make_folder(tmp_path / "p"), "airline", api=FakeApi())

@@ -1,0 +1,64 @@
+"""``factory inspect``: rows rendered as a person reads them in a terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from factory.cli import main
+from factory.errors import ConfigError
+from factory.io.report.folder import OutputFolder, parse_where
+from factory.io.report.terminal import inspect_folder
+from tests.helpers.reportfolder import make_folder
+
+
+def _render(out: Path, **kw) -> str:
+    console = Console(record=True, width=110, color_system=None)
+    inspect_folder(OutputFolder(out), console, **kw)
+    return console.export_text()
+
+
+def test_rows_read_as_conversations(tmp_path: Path) -> None:
+    text = _render(make_folder(tmp_path / "o"), n=2)
+    assert "row-000" in text and "row-001" in text and "row-002" not in text
+    assert "user: Hi, I am user_0 and I want to cancel booking R000." in text
+    assert 'tool call: get_user_details({"user_id": "user_0"})' in text
+    assert "tool result:" in text and "assistant: Sorry, this booking cannot be cancelled." in text
+    assert "seed_id=seed-0" in text and "outcome=refused" in text  # provenance and labels
+
+
+def test_where_filters_on_labels_and_meta(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    text = _render(out, n=50, where=parse_where(["outcome=refused"]))
+    shown = [line for line in text.splitlines() if "row-0" in line and "─" in line]
+    assert len(shown) == 4  # rows 0, 3, 6, 9 of 12
+    assert "outcome=completed" not in text
+    text = _render(out, n=50, where=parse_where(["seed_id=seed-1", "labels.outcome=completed"]))
+    assert "row-001" in text and "row-004" in text and "row-000" not in text
+    assert "no accepted rows where outcome=lost" in _render(
+        out, where=parse_where(["outcome=lost"])
+    )
+
+
+def test_rejects_show_stage_reason_and_message(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    text = _render(out, rejects="unknown_tool")
+    assert "postprocess: unknown_tool" in text and "call 2 could not be used" in text
+    assert "malformed_json" not in text
+    missing = _render(out, rejects="near_duplicate")
+    assert "no rejected rows with reason near_duplicate" in missing
+    assert "reasons in this folder: malformed_json, unknown_tool" in missing
+
+
+def test_the_command_prints_rows_and_errors_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = make_folder(tmp_path / "o")
+    assert main(["inspect", str(out), "--n", "1", "--where", "outcome=completed"]) == 0
+    assert "row-001" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "nothing")]) == ConfigError.exit_code
+    assert "no manifest.json" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_where(["outcome"])

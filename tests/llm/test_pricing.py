@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from openai.types import CompletionUsage
+
+from factory.errors import ConfigError
+from factory.llm.pricing import (
+    DEFAULT_PRICES,
+    PRICES_AS_OF,
+    Price,
+    PriceTable,
+    cost,
+    token_counts,
+)
+
+PRICE = Price(input_per_mtok=2.0, cached_input_per_mtok=0.5, output_per_mtok=8.0)
+
+
+def test_cached_prompt_tokens_are_billed_at_the_cached_rate() -> None:
+    usage = {
+        "prompt_tokens": 1_000_000,
+        "completion_tokens": 100_000,
+        "total_tokens": 1_100_000,
+        "prompt_tokens_details": {"cached_tokens": 400_000},
+    }
+    # 600k fresh * $2 + 400k cached * $0.5 + 100k out * $8
+    assert cost(usage, PRICE) == pytest.approx(1.2 + 0.2 + 0.8)
+
+
+def test_reasoning_tokens_inside_completion_are_billed_once() -> None:
+    # OpenAI: reasoning_tokens is a subset of completion_tokens.
+    usage = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 3000,
+        "total_tokens": 4000,
+        "completion_tokens_details": {"reasoning_tokens": 2500},
+    }
+    assert token_counts(usage) == (1000, 0, 3000)
+    assert cost(usage, PRICE) == pytest.approx((1000 * 2 + 3000 * 8) / 1e6)
+
+
+def test_reasoning_tokens_reported_beside_completion_are_billed_as_output() -> None:
+    usage = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 500,
+        "total_tokens": 3500,
+        "completion_tokens_details": {"reasoning_tokens": 2000},
+    }
+    assert token_counts(usage) == (1000, 0, 2500)
+
+
+def test_sdk_usage_object_is_accepted() -> None:
+    usage = CompletionUsage.model_validate(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 5,
+            "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        }
+    )
+    assert token_counts(usage) == (6, 4, 5)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [None, {}, {"prompt_tokens": None, "completion_tokens": None}, {"prompt_tokens_details": None}],
+)
+def test_missing_usage_costs_nothing(usage: Any) -> None:
+    assert cost(usage, PRICE) == 0.0
+
+
+def test_cached_count_never_exceeds_prompt() -> None:
+    usage = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}
+    assert token_counts(usage) == (0, 10, 0)
+
+
+def test_unpriced_model_costs_zero() -> None:
+    table = PriceTable.from_config({})
+    assert table.lookup("Qwen/Qwen3-8B") is None
+    assert cost({"prompt_tokens": 10**6, "completion_tokens": 10**6}, None) == 0.0
+
+
+def test_defaults_cover_the_documented_models_and_carry_a_date() -> None:
+    assert set(DEFAULT_PRICES) >= {"gpt-5", "gpt-5-mini", "o4-mini", "gpt-4o", "gpt-4.1"}
+    assert PRICES_AS_OF[:2] == "20"
+    for price in DEFAULT_PRICES.values():
+        assert price.cached_input_per_mtok <= price.input_per_mtok
+
+
+def test_config_overrides_and_extends_defaults() -> None:
+    table = PriceTable.from_config(
+        {
+            "gpt-4o": {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.1, "output_per_mtok": 3.0},
+            "my-local": {"input_per_mtok": 0.2, "output_per_mtok": 0.4},
+        }
+    )
+    assert table.lookup("gpt-4o") == Price(1.0, 0.1, 3.0)
+    assert table.lookup("my-local") == Price(0.2, 0.2, 0.4)  # no cache discount by default
+    assert table.lookup("gpt-5") == DEFAULT_PRICES["gpt-5"]
+    assert "my-local" in table and "unknown" not in table
+    assert table.as_dict()["my-local"]["output_per_mtok"] == 0.4
+
+
+def test_pydantic_like_config_objects_are_accepted() -> None:
+    class Spec:
+        def model_dump(self) -> dict[str, Any]:
+            return {"input_per_mtok": 1.0, "cached_input_per_mtok": None, "output_per_mtok": 2.0}
+
+    assert PriceTable.from_config({"m": Spec()}).lookup("m") == Price(1.0, 1.0, 2.0)
+
+
+def test_without_defaults_only_configured_models_are_priced() -> None:
+    assert PriceTable.from_config({}, defaults=False).lookup("gpt-5") is None
+
+
+@pytest.mark.parametrize(
+    ("model", "alias"),
+    [("gpt-4o-2024-08-06", "gpt-4o"), ("gpt-5-mini-2025-08-07", "gpt-5-mini")],
+)
+def test_dated_snapshots_use_their_alias_price(model: str, alias: str) -> None:
+    assert PriceTable().lookup(model) == DEFAULT_PRICES[alias]
+
+
+def test_mini_is_not_priced_as_its_bigger_sibling() -> None:
+    table = PriceTable()
+    assert table.lookup("gpt-5-mini") != table.lookup("gpt-5")
+    assert table.lookup("gpt-5-nano") not in (table.lookup("gpt-5"), table.lookup("gpt-5-mini"))
+    assert table.lookup("gpt-5-pico") is None  # no prefix matching: unknown stays unpriced
+
+
+# Every model the README, the recipes and the issue name (gpt-4.1 family included).
+NAMED_MODELS = {
+    "gpt-5", "gpt-5-mini", "gpt-5-nano", "o3", "o4-mini", "gpt-4o", "gpt-4o-mini",
+    "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano",
+}  # fmt: skip
+
+
+def test_the_price_table_is_dated_sourced_and_complete_for_the_named_models() -> None:
+    import re
+
+    from factory.llm import pricing
+    from tests.conftest import ROOT
+
+    texts = [(ROOT / "README.md").read_text()]
+    texts += [p.read_text() for p in (ROOT / "pipelines").glob("*.yaml")]
+    named = {
+        m
+        for t in texts
+        for m in re.findall(r"\b(gpt-[0-9][\w.]*(?:-(?:mini|nano))?|o[34](?:-mini)?)\b", t)
+    }
+    assert {"o3", "gpt-5-nano", "gpt-4o-mini"} <= NAMED_MODELS
+    missing = sorted((named | NAMED_MODELS) - set(DEFAULT_PRICES))
+    assert not missing, f"unpriced: {missing}"
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d", PRICES_AS_OF)
+    assert "openai.com" in pricing.PRICES_SOURCE
+    # Figures of OpenAI's pricing page as of PRICES_AS_OF (Standard tier).
+    assert DEFAULT_PRICES["gpt-5-nano"] == Price(0.05, 0.005, 0.40)
+    assert DEFAULT_PRICES["o3"] == Price(2.00, 0.50, 8.00)
+    assert DEFAULT_PRICES["gpt-4o-mini"] == Price(0.15, 0.075, 0.60)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"input_per_mtok": 1.0},
+        {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "typo": 1},
+        {"input_per_mtok": -1.0, "output_per_mtok": 2.0},
+        {"input_per_mtok": "cheap", "output_per_mtok": 2.0},
+    ],
+)
+def test_bad_price_config_is_a_config_error(spec: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as info:
+        PriceTable.from_config({"m": spec})
+    assert info.value.key_path.startswith("prices.m")
