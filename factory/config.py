@@ -265,6 +265,13 @@ class LLMConfig(_Strict):
         description="Longest one attempt may take (the slowest legitimate answer); hung "
         "attempts are cut earlier by llm.deadline.",
     )
+    stall_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="Stop the run (exit code 8) once no LLM call has succeeded for this long "
+        "while calls were out: an endpoint that refuses connections or answers nothing. An "
+        "endpoint silent for 20 s is named on the console before that. null: never stop.",
+    )
     serve: ServeConfig | None = Field(
         None,
         description="Start a vLLM pool for llm.model on the Ray cluster for this run "

@@ -426,7 +426,10 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
     from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
 
     if args.recipe:
+        import dataclasses
+
         from factory.config import load_recipe, resolve_recipe_path
+        from factory.engine.settings import llm_stages
         from factory.engine.stages.llm_stage import build_client
         from factory.envs.pack import load_domain
 
@@ -436,7 +439,8 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
         model = args.model or cfg.llm.model
         tools = _load_tools(Path(args.tools)) if args.tools else load_domain(cfg).tools
         args.domain = cfg.domain.name
-        return build_client(cfg, model), tools
+        settings = dataclasses.replace(llm_stages(cfg)["amplify"], model=model)
+        return build_client(settings), tools
     if args.overrides:
         raise ConfigError("--set needs --recipe", key_path="--set")
     if not args.base_url or not args.model:

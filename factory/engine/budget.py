@@ -51,14 +51,14 @@ def check_cost_cap_priced(cfg: RecipeConfig) -> None:
         ConfigError: naming the model, where it is used and how to price it
             (``prices:`` in the recipe, USD per million tokens).
     """
+    from factory.engine.settings import llm_stages
     from factory.llm.pricing import PRICES_AS_OF, PriceTable
 
     amp = cfg.amplify
     if cfg.pipeline != "amplify" or amp is None or amp.max_cost_usd is None or cfg.llm is None:
         return
-    used = [("llm.model", cfg.llm.model)]
-    if cfg.prefilter.enabled:
-        used.append(("prefilter.model", cfg.prefilter.model or cfg.llm.model))
+    keys = {"amplify": "llm.model", "prefilter": "prefilter.model"}
+    used = [(keys[name], s.model) for name, s in llm_stages(cfg).items()]
     table = PriceTable.from_config(cfg.prices)
     for key, model in used:
         if model not in table:

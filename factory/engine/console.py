@@ -36,6 +36,7 @@ from factory.errors import FactoryError
 
 __all__ = [
     "LOG_FILE",
+    "Bars",
     "PhaseRate",
     "ProgressBar",
     "console",
@@ -218,11 +219,11 @@ class PhaseRate:
     Why not tqdm's: its rate counts from when the bar was created, so the minutes
     of actor start-up before the first completion made the first ETA read hours.
     Rows arriving within ``burst_s`` of the phase's first completion count as
-    that first arrival (results come in batches). No rate until ``min_rows``
-    more rows completed over at least ``min_seconds``.
+    that first arrival (for results that come in batches). No rate until
+    ``min_rows`` more rows completed over at least ``min_seconds``.
     """
 
-    def __init__(self, *, min_rows: int = 8, min_seconds: float = 5.0, burst_s: float = 1.0):
+    def __init__(self, *, min_rows: int = 10, min_seconds: float = 1.0, burst_s: float = 0.0):
         self.min_rows, self.min_seconds, self.burst_s = min_rows, min_seconds, burst_s
         self.new_phase(0)
 
@@ -289,6 +290,48 @@ class ProgressBar(tqdm):
         d["phase_eta"] = tqdm.format_interval(eta) if eta is not None else "?"
         d["phase_rate"] = f"{rate:.2f}{self.unit}/s" if rate else f"?{self.unit}/s"
         return d
+
+
+class Bars:
+    """The run's progress lines, one ``ProgressBar`` per name (``factory.engine.loop.Bar``),
+    each on its own line, in the order they first appear (seed check, judge, calls)."""
+
+    def __init__(self, *, enabled: bool = True, unit: str = "row") -> None:
+        self.enabled = enabled
+        self.unit = unit
+        self._bars: dict[str, ProgressBar] = {}
+
+    def show(self, bars: Any) -> None:
+        if not self.enabled:
+            return
+        for bar in bars:
+            pb = self._bars.get(bar.name)
+            if pb is None:
+                pb = ProgressBar(
+                    total=bar.total,
+                    desc=bar.name,
+                    unit=self.unit,
+                    dynamic_ncols=True,
+                    position=len(self._bars),
+                    leave=True,
+                    mininterval=0.2,
+                )
+                self._bars[bar.name] = pb
+            if pb.disable:
+                continue
+            if bar.total != pb.total:
+                pb.total = bar.total
+            if bar.n != pb.n:
+                pb.update(bar.n - pb.n)
+            if bar.postfix:
+                pb.set_postfix(bar.postfix, refresh=False)
+            if bar.done or time.time() - pb.last_print_t >= 0.5:  # the clock moves, too
+                pb.refresh()
+
+    def close(self) -> None:
+        for pb in self._bars.values():
+            pb.close()
+        self._bars.clear()
 
 
 # --- why nothing survived ----------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""Pipelines built from a recipe and run on Ray Data; the driver only collects.
+"""Where a job's rows start: the recipe's seed files, read lazily on the driver.
 
-``curate``:  read -> seed_check -> export -> collect
-``amplify``: read -> seed_check -> prefilter (LLM) -> [kept seeds]
-             then rounds of: work items -> amplify (LLM) -> postprocess -> collect,
+``curate``:  seed record -> seed_check -> export -> collect
+``amplify``: seed record -> seed_check -> prefilter (LLM) -> [kept seeds]
+             then call k -> amplify (LLM) -> postprocess -> collect,
              until the target is reached or a cap stops it.
 
-Each arrow is one stage (``factory/engine/stages``); ``raycompat.map_stage`` turns a
-stage into an actor-pool operator. The driver iterates the last operator's
-batches (streaming: no stage holds all rows) and hands rows to the Collector.
+Each arrow is one stage (``factory/engine/stages``), run by the workers
+(``factory.engine.worker``) in the chains a job declares; the driver loop
+(``factory.engine.loop``) feeds them records as they have room (streaming: a
+seed file is read a record at a time, never held whole) and collects.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from factory.config import RecipeConfig
-from factory.engine.stages.base import rows_to_table
 from factory.engine.stages.export import ExportStage
 from factory.engine.stages.seeds import SeedCheckStage, raw_record_rows
 from factory.envs.pack import load_domain
 from factory.errors import ConfigError, SeedFormatError
-from factory.io.readers import iter_hf_records, records_from_bytes, resolve_paths, unusable_reason
+from factory.io.readers import iter_hf_records, iter_records, resolve_paths, unusable_reason
 
-__all__ = ["build_seed_check", "check_seed_files", "expand_seed_paths", "seed_rows_local"]
+__all__ = [
+    "build_export",
+    "build_seed_check",
+    "check_seed_files",
+    "expand_seed_paths",
+    "seed_rows_local",
+]
 
 
 def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
@@ -76,8 +80,8 @@ def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
         records = iter_hf_records(cfg.seeds.hf_dataset, cfg.seeds.hf_split)
         yield from raw_record_rows(records)
         return
-    for path in expand_seed_paths(cfg):
-        yield from raw_record_rows(records_from_bytes(path, Path(path).read_bytes()))
+    for path in expand_seed_paths(cfg):  # a record at a time (JSONL and Parquet stream)
+        yield from raw_record_rows(iter_records(path))
 
 
 def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
@@ -106,51 +110,3 @@ def build_export(cfg: RecipeConfig) -> ExportStage:
     return ExportStage(
         cfg.output.reasoning, decontam=build_decontaminator(cfg), neardup=neardup_params(cfg)
     )
-
-
-def _file_to_rows(batch: pa.Table) -> pa.Table:
-    rows: list[dict[str, Any]] = []
-    paths, blobs = batch.column("path").to_pylist(), batch.column("bytes").to_pylist()
-    for path, data in zip(paths, blobs, strict=True):
-        rows += raw_record_rows(records_from_bytes(path, data))
-    return rows_to_table(rows)
-
-
-def seed_dataset(cfg: RecipeConfig) -> Any:
-    """Raw seed rows as a Ray Dataset: files are read by Ray tasks, one file per task."""
-    assert cfg.seeds is not None
-    import ray.data
-
-    if cfg.seeds.hf_dataset:
-        tables = []
-        chunk: list[dict[str, Any]] = []
-        for row in seed_rows_local(cfg):
-            chunk.append(row)
-            if len(chunk) >= 1000:
-                tables.append(rows_to_table(chunk))
-                chunk = []
-        tables.append(rows_to_table(chunk))
-        return ray.data.from_arrow(tables)
-    ds = ray.data.read_binary_files(expand_seed_paths(cfg), include_paths=True)
-    ds = ds.map_batches(_file_to_rows, batch_format="pyarrow", batch_size=1, num_cpus=0.25)
-    if cfg.seeds.limit is not None:
-        ds = ds.limit(cfg.seeds.limit)
-    return ds
-
-
-def checked_seed_dataset(cfg: RecipeConfig) -> Any:
-    from factory.engine.raycompat import map_stage
-
-    return map_stage(seed_dataset(cfg), build_seed_check, cfg, ray_cfg=cfg.ray)
-
-
-def iter_rows(ds: Any, batch_size: int = 256) -> Iterator[dict[str, Any]]:
-    """Stream a dataset's rows to the driver, batch by batch."""
-    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=batch_size):
-        yield from batch.to_pylist()
-
-
-def curate_dataset(cfg: RecipeConfig) -> Any:
-    from factory.engine.raycompat import map_stage
-
-    return map_stage(checked_seed_dataset(cfg), build_export, cfg, ray_cfg=cfg.ray)

@@ -21,6 +21,7 @@ from factory.core.formats.completion import render_output
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
+from factory.engine.settings import llm_stages
 from factory.engine.stages.base import OK
 from factory.envs.pack import load_domain
 from factory.llm.pricing import PriceTable, cost
@@ -168,7 +169,7 @@ def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
         )
         prompts = [judge.render(t) for t in valid]
         mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
-        model = cfg.prefilter.model or cfg.llm.model
+        model = llm_stages(cfg)["prefilter"].model
         plan.stages.append(
             _stage(
                 cfg,

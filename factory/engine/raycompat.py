@@ -1,9 +1,8 @@
-"""Ray plumbing kept in one place: session start, Data context, stage operators.
+"""Ray's session kept in one place: which cluster to join, a local start that survives
+a slow machine, a shutdown that waits for Ray's processes.
 
-Everything that knows about Ray lives here and in ``pipeline.py``; stages stay
-plain Python. Resource settings come from the recipe's ``ray`` section and
-are applied only in ``map_stage`` (fractional CPUs: an actor with a whole CPU
-on a 2-core machine starves the read tasks and deadlocks the pipeline).
+Everything else that knows about Ray is the worker pool (``factory.engine.pool``);
+stages stay plain Python.
 """
 
 from __future__ import annotations
@@ -11,24 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import ray
-import ray.data
 
-from factory.config import RayConfig
 from factory.engine import interrupts
-from factory.engine.stages.base import AsyncStageUDF, Stage, StageSpec, StageUDF
 
-__all__ = [
-    "await_batches_per_task",
-    "init_ray",
-    "map_stage",
-    "ray_address",
-    "shutdown_ray",
-    "start_local_ray",
-]
+__all__ = ["init_ray", "ray_address", "shutdown_ray", "start_local_ray"]
 
 
 def ray_address(configured: str | None = None) -> str:
@@ -55,12 +43,6 @@ def init_ray(address: str | None = None) -> None:
                 start_local_ray()
             else:
                 ray.init(address=target, log_to_driver=True)
-    # Applied on every call, also when the caller started Ray itself (tests, notebooks):
-    # determinism must not depend on who called ray.init().
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # the driver shows one factory-level bar instead
-    ctx.print_on_execution_start = False
-    ctx.execution_options.preserve_order = True  # deterministic outputs for a fixed seed
 
 
 def start_local_ray(attempts: int = 3, **init_kwargs: Any) -> None:
@@ -143,61 +125,3 @@ def _discard_failed_start(before: set[int]) -> None:
     pids = {p.pid for p in left}
     _reap([o for o in gc.get_objects() if isinstance(o, subprocess.Popen) and o.pid in pids], 10)
     psutil.wait_procs(left, timeout=10)
-
-
-def await_batches_per_task(n: int) -> None:
-    """Let Ray Data await at least ``n`` batches of one task of an async UDF at once.
-
-    Why: Ray 2.60 awaits at most ``RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY``
-    (default 4) batches per task and hands a batch on only when its slowest row is
-    done; an LLM stage of small batches needs enough of them in flight to fill its
-    actor's request slots, or a heavy latency tail leaves the slots idle (issue 8: 43 of
-    64 requests open at the server with 4 batches of 40 rows per task). Ray reads the
-    value from a module constant when it plans the dataset on the driver (the closure
-    it builds goes to the actors), so it is raised there, process-wide and never
-    lowered (a user's larger environment value stands). A Ray upgrade that renames the
-    constant fails ``tests/engine/test_raycompat.py`` instead of silently losing throughput.
-    """
-    from ray.data._internal.planner import plan_udf_map_op
-
-    name = "DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY"
-    current = getattr(plan_udf_map_op, name)
-    if n > current:
-        setattr(plan_udf_map_op, name, n)
-
-
-def map_stage(
-    ds: ray.data.Dataset,
-    build: Callable[..., Stage],
-    *args: Any,
-    ray_cfg: RayConfig,
-    is_async: bool = False,
-    then: list[StageSpec] | None = None,
-    batch_size: int | None = None,
-    max_concurrent_batches: int | None = None,
-    batches_per_task: int | None = None,
-) -> ray.data.Dataset:
-    """Append one stage (and the stages in ``then``, run in the same actor) as an
-    actor-pool operator. ``build(*args)`` runs inside each actor.
-
-    ``max_concurrent_batches`` is the tasks (blocks) an async actor works on at once;
-    ``batches_per_task`` the batches Ray Data awaits together within one task."""
-    udf = AsyncStageUDF if is_async else StageUDF
-    size = ray_cfg.actors
-    # LLM stages keep a fixed pool (their concurrency budget is split across it); CPU
-    # stages may stay at one actor for small inputs (a seed file is one block).
-    strategy_kw: dict[str, Any] = {"size": size} if is_async else {"min_size": 1, "max_size": size}
-    if max_concurrent_batches:
-        # Async stages: several tasks of one actor await their requests together.
-        strategy_kw["max_tasks_in_flight_per_actor"] = max_concurrent_batches
-        strategy_kw["max_concurrent_calls_per_actor"] = max_concurrent_batches
-    if batches_per_task:
-        await_batches_per_task(batches_per_task)
-    return ds.map_batches(
-        udf,
-        fn_constructor_args=([(build, args), *(then or [])],),
-        batch_format="pyarrow",
-        batch_size=batch_size or ray_cfg.batch_size,
-        compute=ray.data.ActorPoolStrategy(**strategy_kw),
-        num_cpus=ray_cfg.num_cpus,
-    )

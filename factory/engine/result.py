@@ -13,7 +13,7 @@ from typing import Any
 
 from factory.config import RecipeConfig, config_hash
 from factory.engine.console import ProgressBar, run_clock
-from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE
+from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
 
 __all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest"]
@@ -40,7 +40,8 @@ class RunResult:
     totals: dict[str, int]
     manifest: dict[str, Any]
     # Why the run ended short of its target: a cap (``max_cost_usd`` ...), ``no_progress``
-    # (a round accepted nothing) or ``cache_write`` (the cache refused a response).
+    # (many calls in a row gave no row), ``unreachable`` (no call succeeded for
+    # ``llm.stall_s``) or ``cache_write`` (the cache refused a response).
     stopped_by: str | None = None
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -51,6 +52,8 @@ class RunResult:
         """0 only when the run did what was asked (README, "Exit codes")."""
         if self.error is not None:
             return EXIT_WRITE
+        if self.stopped_by == "unreachable":
+            return EXIT_UNREACHABLE
         if self.stopped_by in CAPS:
             return EXIT_BUDGET
         return EXIT_INCOMPLETE if self.stopped_by else EXIT_OK
@@ -95,6 +98,8 @@ class RunResult:
         lines.append(f"wall time: {self.wall_s:.1f}s" + (f" (since {since})" if since else ""))
         if self.stopped_by in CAPS:
             lines.append(f"stopped by cap: {self.stopped_by} (raise it and run again to continue)")
+        elif self.extra.get("stop_message"):
+            lines.append(f"stopped before the target: {self.extra['stop_message']}")
         elif self.stopped_by:
             lines.append(
                 f"stopped before the target: {self.stopped_by} "

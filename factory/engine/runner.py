@@ -1,9 +1,11 @@
 """Run a loaded recipe end to end and report what happened.
 
-One function per pipeline kind; each builds its Ray Data pipeline
-(``factory.engine.pipeline``), streams the final rows to a ``Collector`` and returns a
-``RunResult`` whose totals satisfy accepted + surplus + rejected + failed =
-total rows (seeds for ``curate``; calls for ``amplify``).
+``run`` takes the output folder (lock, resume, verification); ``run_job`` declares
+the recipe's job (``factory.engine.jobs``), starts its workers and runs the one
+driver loop (``factory.engine.loop.drive``); the manifest is written from the
+run's ledger and the job's own sections. The ``RunResult``'s totals satisfy
+accepted + surplus + rejected + failed = total rows (seeds for ``curate``; calls
+for ``amplify``; step samples for ``envsim``).
 """
 
 from __future__ import annotations
@@ -11,41 +13,123 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from factory.config import RecipeConfig
-from factory.engine.collect import Collector
-from factory.engine.console import console, quiet_ray, run_clock, start_run_clock
-from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
-from factory.engine.result import RunResult, _progress, new_manifest
+from factory.engine.console import Bars, console, quiet_ray, run_clock, start_run_clock
+from factory.engine.health import UNREACHABLE, EndpointWatch
+from factory.engine.jobs.amplify import batch_progress
+from factory.engine.ledger import Caps, Ledger
+from factory.engine.loop import drive
+from factory.engine.pool import ActorPool
+from factory.engine.raycompat import ray_address
+from factory.engine.result import RunResult, new_manifest
+from factory.engine.settings import per_actor_concurrency
+from factory.engine.watchdog import Lifeline
 from factory.errors import OutputWriteError
 from factory.io.writer import atomic_write_text
 
-__all__ = ["RunResult", "run"]
+__all__ = ["RunResult", "run", "run_job"]
 
 
-def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Validate and convert seeds into a LLaMA-Factory dataset (no LLM)."""
-    from factory.engine.pipeline import curate_dataset, iter_rows
+def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+    """Run the job ``cfg`` declares (curate, amplify or envsim) through the one driver loop
+    and write its manifest from the run's ledger and the job's own sections."""
     from factory.engine.raycompat import init_ray
 
-    init_ray(cfg.ray.address)
     manifest = new_manifest(cfg)
-    collector = Collector(
-        out_dir,
-        manifest,
-        dataset_name=cfg.output.dataset_name,
-        shard_rows=cfg.output.shard_rows,
-        neardup=build_neardup_index(cfg),
-    )
-    build_decontaminator(cfg)  # a missing benchmark file fails here, not in a worker
-    with _progress(progress, None, "seeds") as bar:
-        for row in iter_rows(curate_dataset(cfg)):
-            collector.add(row)
-            bar.update(1)
-            bar.set_postfix(accepted=collector.accepted, refresh=False)
-    totals = collector.close(pipeline="curate", decontamination=decontam_summary(cfg, manifest))
+    ledger = Ledger(caps_of(cfg), started=manifest.started)
+    pool: ActorPool | None = None
+
+    def add_chain(name: str, specs: Any) -> None:
+        assert pool is not None
+        pool.add_chain(name, specs)
+
+    job = declare(cfg, out_dir, manifest, add_chain)  # recipe errors stop here, before Ray
+    init_ray(cfg.ray.address)
+    bars = Bars(enabled=progress)
+    watch = EndpointWatch(cfg.llm.stall_s) if cfg.llm is not None else None
+    try:
+        with Lifeline(lifeline_host()) as lifeline, batch_progress(cfg, out_dir, progress):
+            pool = ActorPool(
+                job.chains,
+                actors=cfg.ray.actors,
+                num_cpus=cfg.ray.num_cpus,
+                capacity=worker_capacity(cfg),
+                lifeline=lifeline.address,
+            )
+            try:
+                stopped_by = drive(
+                    job,
+                    pool,
+                    ledger,
+                    progress=bars,
+                    health=watch,
+                )
+            finally:
+                pool.close()
+    finally:
+        bars.close()
+    sections = job.finish(ledger, stopped_by)
+    totals = getattr(job, "totals", None) or ledger.totals()
+    manifest.stages = getattr(job, "stages", None) or ledger.stages()
+    for stage, codes in ledger.reasons.items():
+        for code, n in codes.items():
+            manifest.reason(stage, code, n)
+    manifest.extra.update(pipeline=job.pipeline, **ledger.manifest_fields())
+    manifest.extra.update({k: v for k, v in sections.items() if v is not None or k == "mixture"})
+    manifest.write(out_dir, **totals)
     manifest_dict = manifest.to_dict(**totals)
-    return RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
+    result = RunResult(
+        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
+    )
+    result.error = job.error(stopped_by)
+    report = getattr(job, "report", None)
+    if report:
+        result.extra["report"] = report
+    if stopped_by == UNREACHABLE and watch is not None:
+        result.extra["stop_message"] = watch.message
+    return result
+
+
+def caps_of(cfg: RecipeConfig) -> Caps:
+    amp = cfg.amplify
+    if amp is None or cfg.pipeline != "amplify":
+        return Caps()
+    return Caps(amp.max_cost_usd, amp.max_tokens, amp.max_calls)
+
+
+def worker_capacity(cfg: RecipeConfig) -> int:
+    """Items one worker holds at once: twice its LLM request slots (a finished request's
+    slot is refilled from its queue without waiting for the driver), or a few CPU items."""
+    if cfg.pipeline == "amplify" and cfg.llm is not None:
+        return 2 * per_actor_concurrency(cfg)
+    return 8
+
+
+def lifeline_host() -> str:
+    """Where workers reach the driver: loopback for a local Ray, the node's address else."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is not None and getattr(node, "head", False) and ray_address(None) == "local":
+        return "127.0.0.1"
+    return str(ray.util.get_node_ip_address())
+
+
+def declare(cfg: RecipeConfig, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
+    """The job ``cfg.pipeline`` names, declared."""
+    if cfg.pipeline == "curate":
+        from factory.engine.jobs.curate import CurateJob
+
+        return CurateJob(cfg, out_dir, manifest)
+    if cfg.pipeline == "envsim":
+        from factory.engine.jobs.envsim import EnvsimJob
+
+        return EnvsimJob(cfg, out_dir, manifest)
+    from factory.engine.jobs.amplify import AmplifyJob
+
+    return AmplifyJob(cfg, out_dir, manifest, add_chain)
 
 
 def _final_wall_time(out_dir: Path, result: RunResult) -> None:
@@ -127,24 +211,17 @@ def _run_locked(
         return result
     with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
         print(f"log (Ray's messages, retries): {log}", file=console())
-        if cfg.pipeline == "curate":
-            result = run_curate(cfg, out_dir, progress=progress)
-        elif cfg.parts is not None:
+        if cfg.parts is not None:
             from factory.engine.jobs.mix import run_mix
 
-            result = run_mix(cfg, out_dir, progress=progress)
-        elif cfg.pipeline == "envsim":
-            from factory.engine.jobs.envsim import run_envsim
-
-            result = run_envsim(cfg, out_dir, progress=progress)
+            result = run_mix(cfg, out_dir, run_job=run_job, progress=progress)
         else:
-            from factory.engine.jobs.amplify import run_amplify
             from factory.engine.serve import serving
 
-            with serving(cfg) as pool:  # llm.serve: the run's own vLLM pool, always stopped
-                result = run_amplify(cfg, out_dir, progress=progress)
-            if pool is not None:
-                result.manifest["serve"] = pool.report()
+            with serving(cfg) as served:  # llm.serve: the run's own vLLM pool, always stopped
+                result = run_job(cfg, out_dir, progress=progress)
+            if served is not None:
+                result.manifest["serve"] = served.report()
     _final_wall_time(out_dir, result)
     result.extra["mode"] = mode
     try:

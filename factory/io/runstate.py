@@ -1,8 +1,7 @@
 """Resumable runs: what an output folder holds, and whether a run may continue it.
 
-``OUT/run.json`` records the recipe a folder was produced with, the run's
-status (running, stopped, done) and the rounds of calls it issued. Starting a
-run on a folder:
+``OUT/run.json`` records the recipe a folder was produced with and the run's
+status (running, stopped, done). Starting a run on a folder:
 
 * the folder's lock (``OUT/.lock``, an OS lock held for the run's life) is taken
   first: a second run on a folder in use is refused before it touches anything,
@@ -12,7 +11,7 @@ run on a folder:
 * same recipe (up to the settings below that never change a request or a row):
   the run is resumed. Every output file is rebuilt from the response cache,
   which holds every completed LLM response, so no completed call is paid for
-  twice; the rounds the earlier run issued are issued again first (all cached),
+  twice; calls are a pure function of their number and are used in number order,
   so the rebuilt dataset equals what an uninterrupted run writes;
 * a different recipe: refused, naming the keys that changed (mixing two
   recipes in one output would make the dataset meaningless); ``--fresh``
@@ -61,10 +60,8 @@ __all__ = [
     "changed_keys",
     "finish_run",
     "hold_output",
-    "load_rounds",
     "prepare_output",
     "restore_unstored",
-    "save_rounds",
     "save_unstored",
     "verify_output",
 ]
@@ -104,6 +101,7 @@ RESUMABLE = (
     "llm.concurrency",
     "llm.per_actor_concurrency",
     "llm.timeout_s",
+    "llm.stall_s",
     "llm.retry",
     "llm.deadline",
     "ray",
@@ -250,7 +248,6 @@ def prepare_output(
     state_path = out_dir / STATE_FILE
     recipe = cfg.model_dump(mode="json")
     mode = "new"
-    rounds: list[dict[str, Any]] = []
     if not (fresh and drop_cache):
         restore_unstored(cfg, out_dir)  # paid for: into the cache before anything else
     if fresh:
@@ -273,7 +270,6 @@ def prepare_output(
         ):
             return "done"
         mode = "resume"
-        rounds = list(state.get("rounds") or [])
     for name in GENERATED:  # rebuilt from the cache; the cache itself is kept
         target = out_dir / name
         with writing(target):
@@ -283,7 +279,7 @@ def prepare_output(
                 target.unlink()
     with writing(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-    _write(out_dir, recipe, "running", rounds=rounds)
+    _write(out_dir, recipe, "running")
     return mode
 
 
@@ -335,20 +331,6 @@ def _write(out_dir: Path, recipe: dict[str, Any], status: str, **extra: Any) -> 
     atomic_write_text(out_dir / STATE_FILE, json.dumps(body, indent=2) + "\n", out_dir)
 
 
-def load_rounds(out_dir: Path) -> list[dict[str, Any]]:
-    """The rounds of calls earlier runs of this folder issued (``save_rounds``)."""
-    return list(_read_state(out_dir).get("rounds") or [])
-
-
-def save_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> None:
-    """Record the rounds issued so far (each ``{"start", "n", "plan"}``) before a round
-    starts, so a resumed or extended run issues exactly these requests again first
-    (all answered from the cache) instead of a new split that would leave paid
-    responses unused."""
-    state = _read_state(out_dir)
-    _write(out_dir, state.get("recipe", {}), state.get("status", "running"), rounds=rounds)
-
-
 def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> None:
     """Record that the run ended: ``done``, or ``stopped`` (by a cap, by a failure, or
     short of the target) and resumable.
@@ -363,7 +345,6 @@ def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> N
         "stopped" if stopped_by else "done",
         stopped_by=stopped_by,
         totals=manifest.get("totals"),
-        rounds=load_rounds(out_dir),
     )
 
 

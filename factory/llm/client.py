@@ -406,7 +406,7 @@ class LLMClient:
             if err is None:  # not a transport failure: a bug, surface it as is
                 self._pool.release(lease, True, self._clock() - sent)
                 raise
-            self._pool.release(lease, not is_endpoint_failure(err), self._clock() - sent)
+            self._pool.release(lease, not is_endpoint_failure(err), self._clock() - sent, error=err)
             if err.retryable and name not in tried:
                 tried.append(name)
             if err is exc:

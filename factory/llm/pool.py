@@ -30,7 +30,8 @@ import enum
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from factory.errors import ConfigError, LLMServerError, LLMTimeout, short
@@ -150,6 +151,15 @@ class _Health:
     times_opened: int = 0
     latency_total: float = 0.0
     latency_count: int = 0
+    answers: int = 0  # leases released with the endpoint answering
+    last_answer: float | None = None  # clock of the latest answer
+    last_error: str | None = None  # the latest endpoint failure, one line
+    started: dict[int, float] = field(default_factory=dict)  # in flight: lease id -> start
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:200]
 
 
 def is_endpoint_failure(exc: BaseException) -> bool:
@@ -276,7 +286,9 @@ class EndpointPool:
             health.probe_in_flight = True
         health.in_flight += 1
         health.requests += 1
-        return Lease(health.endpoint, self._clock(), probe, health.generation)
+        lease = Lease(health.endpoint, self._clock(), probe, health.generation)
+        health.started[id(lease)] = lease.started_at
+        return lease
 
     def _least_loaded(self, indices: list[int]) -> int:
         n = len(self._health)
@@ -294,7 +306,14 @@ class EndpointPool:
         hint = f"; next probe in {max(0.0, min(waits)):.1f}s" if waits else "; a probe is running"
         return f"no endpoint available: all {len(self._health)} circuit breakers are open{hint}"
 
-    def release(self, lease: Lease, ok: bool | None, latency_s: float | None = None) -> None:
+    def release(
+        self,
+        lease: Lease,
+        ok: bool | None,
+        latency_s: float | None = None,
+        *,
+        error: BaseException | None = None,
+    ) -> None:
         """Return a lease with its outcome.
 
         Args:
@@ -303,14 +322,21 @@ class EndpointPool:
                 endpoint failure (``is_endpoint_failure``), ``None`` no verdict
                 (the request was cancelled): only the counters change.
             latency_s: request latency; default: measured from ``acquire``.
+            error: what failed, kept (one line) as the endpoint's last error.
         """
         health = self._by_name[lease.endpoint.name]
         health.in_flight = max(0, health.in_flight - 1)
+        health.started.pop(id(lease), None)
+        if ok:
+            health.answers += 1
+            health.last_answer = self._clock()
         latency = self._clock() - lease.started_at if latency_s is None else latency_s
         health.latency_total += latency
         health.latency_count += 1
         if ok is False:
             health.failures += 1
+            if error is not None:
+                health.last_error = _one_line(error)
         if lease.probe:
             health.probe_in_flight = False
         if ok is None or lease.generation != health.generation:
@@ -360,10 +386,27 @@ class EndpointPool:
             self.release(lease, None)
             raise
         except BaseException as exc:
-            self.release(lease, not is_endpoint_failure(exc))
+            self.release(lease, not is_endpoint_failure(exc), error=exc)
             raise
         else:
             self.release(lease, True)
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """What the driver watches per endpoint (``factory.engine.health``): answers,
+        failures, requests in flight and how long the oldest has waited, seconds since
+        the last answer, the last failure."""
+        now = self._clock()
+        return {
+            h.endpoint.name: {
+                "answers": h.answers,
+                "failures": h.failures,
+                "in_flight": h.in_flight,
+                "oldest_s": round(now - min(h.started.values()), 3) if h.started else 0.0,
+                "since_answer_s": None if h.last_answer is None else round(now - h.last_answer, 3),
+                "last_error": h.last_error,
+            }
+            for h in self._health
+        }
 
     def stats(self) -> dict[str, EndpointStats]:
         """Per-endpoint counters keyed by endpoint name."""

@@ -1,15 +1,23 @@
-"""The amplification job: seeds -> kept seeds -> rounds of calls until the target.
+"""The amplification job, declared: seeds -> checked and judged seeds -> calls until the target.
 
-Phase 1 streams every seed through the rule checks and the LLM judge; the
-kept seeds (a few thousand records) are gathered on the driver because every
-amplification actor needs them. Phase 2 issues calls in rounds: the first
-round asks for one call per missing row, each later one for what is still
-missing divided by the yield observed so far (plus 5%), so the number of calls
-follows the real yield (``expected_yield`` only serves the dry-run plan). It
-stops when the target is reached, when a cap
-(``max_calls``, ``max_cost_usd``, ``max_tokens``) leaves no room for another
-call, or when a whole round accepted nothing (so a dead endpoint cannot burn
-the budget), and says which.
+Two streams through the one driver loop (``factory.engine.loop``):
+
+* ``seeds``: every seed record, read lazily on the driver, through the rule checks
+  and the LLM judge (``seeds`` chain). Kept seeds are gathered in record order
+  (every amplification actor needs them); rejects and failures go to
+  ``rejects/seeds/`` and ``failed/seeds/``; seeds a cap left unjudged are
+  ``unissued`` (nothing was decided about them).
+* ``calls``: once every seed is in, call ``k = 0, 1, 2, ...`` (``calls`` chain:
+  amplify, then post-processing), seed and variation a pure function of ``k``
+  (``factory.engine.stages.amplify.assign``). Calls go out while what is in flight
+  is not expected to cover the target at the yield observed so far (no margin
+  before any call came back, 5% after), so the number of calls follows the real
+  yield and a slow call never holds the others back.
+
+The run ends when the target is reached in call order (the rows are used in
+call order, so the same cache always gives the same dataset), when a cap leaves
+no room (the loop's ledger), or when ``no_progress_calls`` calls in a row gave no
+row (a dead endpoint cannot burn the budget), and says which.
 """
 
 from __future__ import annotations
@@ -17,11 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,110 +37,462 @@ from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
 from factory.core.selection import select
 from factory.engine.collect import Collector
-from factory.engine.console import top_reasons
+from factory.engine.console import console, top_reasons
+from factory.engine.loop import Bar, Job
+from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
-from factory.engine.result import RunResult, _progress, new_manifest
-from factory.engine.stages.amplify import amplify_template
-from factory.engine.stages.base import FAILED, OK, UNISSUED, reject
+from factory.engine.settings import LLMStageSettings, llm_stages
+from factory.engine.stages.amplify import amplify_template, build_amplify, seed_order
+from factory.engine.stages.base import FAILED, OK, UNISSUED, StageSpec, reject
+from factory.engine.stages.postprocess import build_postprocess
+from factory.engine.stages.prefilter import build_prefilter
+from factory.engine.work import Item, ItemResult
 from factory.errors import SeedError
-from factory.io.runstate import batch_summary, load_rounds, save_rounds
+from factory.io.runstate import batch_summary
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
 
-__all__ = ["plan_round", "preflight", "run_amplify"]
+__all__ = ["AmplifyPlanner", "calls_wanted", "declare", "no_seeds_error", "preflight"]
 
 DEVSERVER_FINGERPRINT = "factory-devserver"
+MAX_AHEAD = 4096  # calls issued ahead of the oldest unfinished one (what waits in order)
 
 
-def plan_round(
-    cfg: RecipeConfig, *, accepted: int, issued: int, spent_usd: float, tokens: int
-) -> tuple[int, str | None]:
-    """How many calls the next round issues, or 0 and the cap that forbids more."""
-    assert cfg.amplify is not None
-    amp = cfg.amplify
-    remaining = amp.target - accepted
+def calls_wanted(*, remaining: int, pending: int, released: int, accepted: int) -> int:
+    """How many more calls to issue now (pure).
+
+    Args:
+        remaining: rows still missing to the target.
+        pending: calls issued and not used yet.
+        released: calls used so far; ``accepted``: the rows they gave.
+
+    Before any call came back, or while every call gave a row, one call per missing
+    row; after that, what is missing over the observed yield plus 5%, so the target
+    is usually met without another wave (the yield is floored at 5%).
+    """
     if remaining <= 0:
-        return 0, None
-    # First round: one call per missing row (no surplus when nothing fails). Later
-    # rounds scale what is missing by the observed yield, plus a 5% margin so the
-    # target is usually met in one more round (each round restarts the actor pools).
-    observed = accepted / issued if issued else 1.0
-    n = remaining if observed >= 1.0 else math.ceil(remaining / max(observed, 0.05) * 1.05) + 2
-    if amp.max_calls is not None:
-        n = min(n, amp.max_calls - issued)
-        if n <= 0:
-            return 0, "max_calls"
-    for cap, used, name in (
-        (amp.max_cost_usd, spent_usd, "max_cost_usd"),
-        (amp.max_tokens, tokens, "max_tokens"),
-    ):
-        if cap is None:
-            continue
-        if used >= cap:
-            return 0, name
-        if issued and used > 0:
-            per_call = used / issued
-            n = min(n, max(1, math.floor((cap - used) / per_call)))
-    return n, None
+        return 0
+    if released == 0 or accepted >= released:
+        return max(0, remaining - pending)
+    observed = max(accepted / released, 0.05)
+    return max(0, math.ceil(remaining / observed * 1.05) - pending)
 
 
-ROWS_PER_CALL_BLOCK = 512
-# Tasks (blocks) each LLM actor works on at once. Ray Data ends a task only when every
-# row of its block is done, and hands outputs on in order (preserve_order keeps runs
-# deterministic for resume); a task already keeps twice its actor's request slots in rows
-# (``llm_batches_per_task``), so a few tasks per actor cover the tail of a block. Few, and
-# at least 4 blocks per actor (``_call_dataset``): with 16, the actor that started first
-# took all 8 blocks of a 1,400-call round while the other was still starting, and the
-# round ran on half the slots (fault-storm benchmark, 2026-11-22).
-LLM_TASKS_PER_ACTOR = 4
-# Rows per batch of an LLM stage. Ray Data hands a batch on only when its slowest row is
-# done, but a finished row frees its request slot at once (the actor's semaphore), so a
-# slow request holds one slot and delays the hand-off of at most 7 finished rows. Smaller
-# batches cost more than they save: per batch Ray Data and the stage chain spend ~5 ms of
-# CPU (9k lognormal benchmark, 2026-11-22: 1 row per batch, 17.1 CPU-s per 1k rows and
-# 0.40 of the limit; 4 rows, 10.2 and 0.60; 8 rows, 9.0 and 0.73; 40 rows and 4 batches
-# per task as before, 9.9 and 0.64).
-LLM_ROWS_PER_BATCH = 8
+def no_progress_calls(target: int, concurrency: int) -> int:
+    """Calls in a row without a row after which a run gives up (``no_progress``)."""
+    return max(20, min(target, 2 * concurrency))
 
 
-def run_tokens(*usages: Counter[str]) -> int:
-    """Tokens of the run as the manifest counts them: prompt + completion (cached
-    tokens are a part of the prompt tokens, never added again)."""
-    return sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+def preflight(cfg: RecipeConfig) -> PromptTemplate:
+    """Build on the driver what every actor will build, so a recipe error (missing key,
+    bad sampling option, broken template) stops the run with its key path before any
+    Ray work, instead of surfacing as a dead actor."""
+    from factory.engine.stages.llm_stage import build_backend_for
+    from factory.envs.pack import load_domain
+
+    assert cfg.llm is not None and cfg.amplify is not None
+    domain = load_domain(cfg)
+    template = amplify_template(cfg, domain)
+    if cfg.amplify.grounding is not None:
+        from factory.engine.stages.amplify import grounding_world
+
+        # bad world sizes (or a domain without grounding) fail here, with their key
+        grounding_world(cfg.amplify.grounding, cfg.domain.name)
+    if cfg.mixture is not None:
+        Mixture.load(cfg.resolve(cfg.mixture.path))
+    build_decontaminator(cfg)  # a missing or empty benchmark file
+    if cfg.prefilter.enabled:
+        PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
+    for settings in llm_stages(cfg).values():
+        build_backend_for(settings)  # backend, options, keys, sampling; opens no connection
+    return template
 
 
-def llm_batches_per_task(cfg: RecipeConfig) -> int:
-    """Batches Ray Data awaits at once within one task of an LLM stage: enough for twice
-    the actor's request slots, so a slot freed by a finished request is taken at once by
-    a row already waiting on the actor's semaphore, even while a single task runs (Ray's
-    own default, 4 batches per task, left a third of the server's slots idle under a
-    heavy latency tail)."""
-    from factory.engine.stages.llm_stage import per_actor_concurrency
-
-    return -(-2 * per_actor_concurrency(cfg) // LLM_ROWS_PER_BATCH)
-
-
-def rows_per_llm_block(cfg: RecipeConfig) -> int:
-    """Rows per block of the judged seeds: twice what one task awaits, so a few thousand
-    seeds still spread over the actors."""
-    return 2 * LLM_ROWS_PER_BATCH * llm_batches_per_task(cfg)
-
-
-def _start_budget(cfg: RecipeConfig) -> Any:
-    """The run's budget actor, when the recipe sets a cap."""
-    from factory.engine.budget import budget_actor
-    from factory.engine.stages.llm_stage import budget_name
-
-    amp = cfg.amplify
-    assert amp is not None
-    if amp.max_cost_usd is None and amp.max_tokens is None and amp.max_calls is None:
-        return None
-    return budget_actor(
-        budget_name(cfg),
-        max_cost_usd=amp.max_cost_usd,
-        max_tokens=amp.max_tokens,
-        max_calls=amp.max_calls,
+def no_seeds_error(
+    counts: dict[str, int],
+    reasons: dict[str, int],
+    examples: dict[str, tuple[str, str]],
+    folders: list[Path],
+) -> SeedError:
+    """The error of a run left without seeds: counts, the commonest reasons with an
+    example each, and the folders holding every row (only those that exist)."""
+    where = [str(f) for f in folders if f.is_dir()]
+    message = (
+        f"no seed survived the checks: {counts['total']} read, {counts['rejected']} rejected, "
+        f"{counts['failed']} failed" + (f"; every row is in {' and '.join(where)}" if where else "")
     )
+    error = SeedError("no_seeds", message)
+    error.details = tuple(top_reasons(reasons, examples))
+    return error
+
+
+class SeedSide:
+    """What the ``seeds`` stream decided, filed as it is used (in record order)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.rejects = RejectWriter(out_dir, subdir="rejects/seeds")
+        self.failed = RejectWriter(out_dir, subdir="failed/seeds")
+        self.kept: dict[str, str] = {}
+        self.dedup = Deduper("same content as seed {first}")  # the seeds' own filter
+        self.counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
+        self.reasons: dict[str, int] = {}
+        self.examples: dict[str, tuple[str, str]] = {}  # first row of each reason (console)
+        self.judged = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.counts["total"] += 1
+        if row.get("llm_stage") == "prefilter" and row["status"] != UNISSUED:
+            self.judged += 1
+        if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
+            self.counts["unissued"] += 1
+            return
+        duplicate = self.dedup.check_row(row) if row["status"] == OK else None
+        if duplicate is not None:
+            reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
+        if row["status"] == OK:
+            self.kept[row["id"]] = row["record"]
+            self.counts["kept"] += 1
+            return
+        self.counts["failed" if row["status"] == FAILED else "rejected"] += 1
+        key = f"{row['stage']}:{row['reason']}"
+        self.reasons[key] = self.reasons.get(key, 0) + 1
+        source = row.get("source") or row.get("id") or "?"
+        self.examples.setdefault(key, (source, row.get("message") or ""))
+        writer = self.failed if row["status"] == FAILED else self.rejects
+        writer.add({k: v for k, v in row.items() if v is not None})
+
+    def close(self, manifest: Manifest, retries: dict[str, int]) -> None:
+        self.rejects.close()
+        self.failed.close()
+        manifest.files.update({**self.rejects.files, **self.failed.files})
+        manifest.extra["seeds"] = {**self.counts, "reasons": self.reasons, "retries": retries}
+
+    def error(self) -> SeedError:
+        return no_seeds_error(
+            self.counts, self.reasons, self.examples, [self.rejects.dir, self.failed.dir]
+        )
+
+
+class AmplifyPlanner:
+    """Seeds first, then calls as the observed yield requires (see the module docstring).
+
+    Args:
+        records: the raw seed rows, read lazily.
+        judged: whether the seed chain makes LLM calls (the pre-filter is on).
+        start_calls: called once with the kept seeds; declares the ``calls`` chain.
+        collector: where call rows go (its ``accepted`` is the target's count).
+        seeds: the seed side's filing.
+        target, give_up: the run's target and ``no_progress_calls``.
+    """
+
+    def __init__(
+        self,
+        records: Iterator[dict[str, Any]],
+        *,
+        judged: bool,
+        start_calls: Callable[[dict[str, str]], None],
+        collector: Collector,
+        seeds: SeedSide,
+        target: int,
+        give_up: int,
+    ) -> None:
+        self._records = records
+        self._judged = judged
+        self._start_calls = start_calls
+        self.collector = collector
+        self.seeds = seeds
+        self.target = target
+        self.give_up = give_up
+        self.phase = "seeds"
+        self.seeds_issued = 0
+        self.seeds_read_all = False
+        self.seeds_used = 0
+        self.calls_issued = 0
+        self.calls_used = 0
+        self.results_in = 0
+        self._streak = 0
+        self._accepted_before = 0
+        self._stopped_by: str | None = None
+        self.clock: dict[str, float] = {}
+
+    # -- the Planner protocol -------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def stopped_by(self) -> str | None:
+        return self._stopped_by
+
+    def issue(self, room: int, llm_room: int) -> list[Item]:
+        if self.phase == "seeds":
+            return self._issue_seeds(min(room, llm_room) if self._judged else room)
+        if self.phase == "calls":
+            return self._issue_calls(min(room, llm_room))
+        return []
+
+    def observe(self, result: ItemResult) -> None:
+        if result.stream == "seeds":
+            for row in result.rows:
+                self.seeds.add(row)
+            self.seeds_used += 1
+            if self.seeds_read_all and self.seeds_used == self.seeds_issued:
+                self._seeds_done()
+            return
+        self.calls_used += 1
+        if self.collector.accepted > self._accepted_before:
+            self._streak = 0
+        else:
+            self._streak += 1
+        self._accepted_before = self.collector.accepted
+        if self.collector.done:
+            self.phase = "done"
+        elif self._streak >= self.give_up:
+            self.phase, self._stopped_by = "done", "no_progress"
+
+    def bars(self) -> list[Bar]:
+        s = self.seeds
+        total = self.seeds_issued if self.seeds_read_all else None
+        out = [
+            Bar(
+                "seeds checked",
+                self.seeds_used,
+                total,
+                {"kept": s.counts["kept"], "rejected": s.counts["rejected"] + s.counts["failed"]},
+            )
+        ]
+        if self._judged:
+            out.append(Bar("judge", s.judged, None, {"kept": s.counts["kept"]}))
+        if self.phase != "seeds":
+            c = self.collector
+            out.append(
+                Bar(
+                    "accepted",
+                    c.accepted,
+                    self.target,
+                    {
+                        "calls": self.calls_used,
+                        "rejected": c.counts["rejected"],
+                        "failed": c.counts["failed"],
+                    },
+                )
+            )
+        return out
+
+    # -- seeds ----------------------------------------------------------------------------
+    def _issue_seeds(self, n: int) -> list[Item]:
+        items: list[Item] = []
+        while len(items) < n and not self.seeds_read_all:
+            row = next(self._records, None)
+            if row is None:
+                self.seeds_read_all = True
+                if self.seeds_used == self.seeds_issued:
+                    self._seeds_done()
+                break
+            items.append(Item("seeds", self.seeds_issued, "seeds", row, llm=self._judged))
+            self.seeds_issued += 1
+        return items
+
+    def _seeds_done(self) -> None:
+        if not self.seeds.kept:
+            self.phase = "done"  # the loop says which cap stopped the judge, if one did
+            return
+        self.phase = "calls"
+        self._start_calls(self.seeds.kept)
+
+    # -- calls ----------------------------------------------------------------------------
+    def _issue_calls(self, n: int) -> list[Item]:
+        pending = self.calls_issued - self.calls_used
+        want = calls_wanted(
+            remaining=self.target - self.collector.accepted,
+            pending=pending,
+            released=self.calls_used,
+            accepted=self.collector.accepted,
+        )
+        n = min(n, want, MAX_AHEAD - pending)
+        items = [
+            Item("calls", k, "calls", {"call_index": k}, llm=True)
+            for k in range(self.calls_issued, self.calls_issued + max(0, n))
+        ]
+        self.calls_issued += len(items)
+        return items
+
+
+def seed_chain(cfg: RecipeConfig, stages: dict[str, LLMStageSettings]) -> list[StageSpec]:
+    chain: list[StageSpec] = [(build_seed_check, (cfg,))]
+    if "prefilter" in stages:
+        chain.append((build_prefilter, (cfg, stages["prefilter"])))
+    return chain
+
+
+def declare(
+    cfg: RecipeConfig,
+    out_dir: Path,
+    manifest: Manifest,
+    add_chain: Callable[[str, Sequence[StageSpec]], None],
+) -> AmplifyJob:
+    """The amplify job of ``cfg`` writing into ``out_dir``."""
+    return AmplifyJob(cfg, out_dir, manifest, add_chain)
+
+
+class AmplifyJob(Job):
+    """The declaration plus what it writes into the manifest when the loop is done."""
+
+    pipeline = "amplify"
+
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        out_dir: Path,
+        manifest: Manifest,
+        add_chain: Callable[[str, Sequence[StageSpec]], None],
+    ) -> None:
+        assert cfg.amplify is not None and cfg.llm is not None
+        self.cfg, self.out_dir, self.manifest = cfg, out_dir, manifest
+        self.template = preflight(cfg)
+        self.llm_settings = llm_stages(cfg)
+        target = cfg.amplify.target
+        # With a mixture, accepted rows are candidates; the selection is written to data/.
+        self.collector = Collector(
+            out_dir,
+            manifest,
+            dataset_name=cfg.output.dataset_name,
+            shard_rows=cfg.output.shard_rows,
+            target=target,
+            data_subdir="candidates" if cfg.mixture else "data",
+            keep_labels=cfg.mixture is not None,
+            # Loads the earlier runs' indexes now: a bad one stops the run before any call.
+            neardup=build_neardup_index(cfg),
+        )
+        if cfg.mixture:
+            self.collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
+        self.seed_side = SeedSide(out_dir)
+
+        def start_calls(kept: dict[str, str]) -> None:
+            order = seed_order(list(kept), cfg.amplify.seed if cfg.amplify else 0)
+            self.collector.seeds = list(kept)
+            spec: list[StageSpec] = [
+                (build_amplify, (cfg, self.llm_settings["amplify"], kept, order)),
+                (build_postprocess, (cfg,)),
+            ]
+            add_chain("calls", spec)
+            planner.clock["calls_started"] = _now()
+
+        planner = AmplifyPlanner(
+            seed_rows_local(cfg),
+            judged="prefilter" in self.llm_settings,
+            start_calls=start_calls,
+            collector=self.collector,
+            seeds=self.seed_side,
+            target=target,
+            give_up=no_progress_calls(target, cfg.llm.concurrency),
+        )
+        self.amplify_planner = planner
+        super().__init__(
+            name="amplify",
+            chains={"seeds": seed_chain(cfg, self.llm_settings)},
+            planner=planner,
+            sink=_Sink(self.collector, self.seed_side),
+            reserve=batch_reservation(cfg, self.template, self.llm_settings["amplify"]),
+        )
+
+    def finish(self, ledger: Any, stopped_by: str | None) -> dict[str, Any]:
+        """Close the writers; the job's manifest sections (the ledger adds its own)."""
+        cfg, planner, collector = self.cfg, self.amplify_planner, self.collector
+        assert cfg.amplify is not None and cfg.llm is not None
+        seed_retries = ledger.spend["prefilter"].retries if "prefilter" in ledger.spend else {}
+        self.seed_side.close(self.manifest, dict(seed_retries))
+        if (
+            not self.seed_side.kept
+            and not self.seed_side.counts["unissued"]
+            and not (collector.unstored or stopped_by)
+        ):
+            raise self.seed_side.error()
+        mixture_report = select_mixture(cfg, self.out_dir, collector) if cfg.mixture else None
+        collector.close()
+        static = estimate_tokens(self.template.static)
+        prompt_tokens = ledger.spend["amplify"].tokens["prompt_tokens"]
+        cached = ledger.spend["amplify"].tokens["cached_tokens"]
+        issued = planner.calls_used
+        reached = collector.accepted >= cfg.amplify.target
+        clock = {k: round(v - self.manifest.started, 2) for k, v in planner.clock.items()}
+        return {
+            "mixture": mixture_report,
+            "calls": {"issued": issued},
+            "target": {
+                "requested": cfg.amplify.target,
+                "reached": reached,
+                "stopped_by": None if reached else stopped_by,
+            },
+            "prompt_cache": {
+                "static_prefix_tokens_per_call": static,
+                "static_prefix_share": round(static * issued / prompt_tokens, 4)
+                if prompt_tokens
+                else None,
+                "server_cached_share": round(cached / prompt_tokens, 4) if prompt_tokens else None,
+            },
+            "generated_with_devserver": DEVSERVER_FINGERPRINT in collector.fingerprints,
+            "batches": batch_summary(self.out_dir),  # llm.backend openai_batch: ids, outcomes
+            "timings": clock,
+            "model": cfg.llm.model,
+            "decontamination": decontam_summary(cfg, self.manifest),
+        }
+
+    def error(self, stopped_by: str | None) -> str | None:
+        c = self.collector
+        if c.cache_error is None:
+            return None
+        return (
+            f"cannot store LLM responses in the cache ({c.cache_error}); the run stopped "
+            f"issuing calls; {len(c.unstored)} paid responses are counted (tokens, cost, "
+            f"budget) and kept in {', '.join(c.unstored_in)} (the next run stores them "
+            "in the cache); make the cache writable and run the same command again to resume"
+        )
+
+
+class _Sink:
+    """Seed rows to the seed side (via the planner), call rows to the collector."""
+
+    def __init__(self, collector: Collector, seeds: SeedSide) -> None:
+        self.collector = collector
+        self.seeds = seeds
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.collector.stop_reason
+
+    def arrived(self, result: ItemResult) -> None:
+        self.collector.arrived(result)
+
+    def add(self, row: dict[str, Any]) -> str | None:
+        if row.get("call_index") is None:  # a seed: the planner files it (not a call row)
+            return None
+        return self.collector.add(row)
+
+
+def batch_reservation(
+    cfg: RecipeConfig, template: PromptTemplate, settings: LLMStageSettings
+) -> tuple[float, int]:
+    """What one call reserves against the caps when the backend takes batches: the cost
+    and tokens of the first seed's request, estimated (prompt from its text, output
+    ``max_completion_tokens`` or as long as the prompt). Online backends reserve nothing."""
+    if not settings.batched or not (
+        cfg.amplify and (cfg.amplify.max_cost_usd or cfg.amplify.max_tokens)
+    ):
+        return (0.0, 0)
+    from factory.core.formats import parse_record
+    from factory.engine.stages.llm_stage import render, reservation
+
+    first = next(seed_rows_local(cfg), None)
+    if first is None or not first.get("record"):
+        return (0.0, 0)
+    try:
+        traj = parse_record(json.loads(first["record"]), source="estimate")
+    except Exception:
+        return (0.0, 0)
+    prompt = template.render(traj, variation=0)
+    request = render("amplify", settings.model, settings.sampling, prompt.messages, seed="x")
+    return reservation(request, settings.price, settings.max_output_tokens)
 
 
 def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
@@ -176,328 +534,6 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     return {**selection.summary(), "written": data.rows_written, "report": selection.report()}
 
 
-def preflight(cfg: RecipeConfig) -> PromptTemplate:
-    """Build on the driver what every actor will build, so a recipe error (missing key,
-    bad sampling option, broken template) stops the run with its key path before any
-    Ray work, instead of surfacing as a dead actor."""
-    from factory.engine.stages.llm_stage import build_backend_for
-    from factory.envs.pack import load_domain
-
-    assert cfg.llm is not None and cfg.amplify is not None
-    domain = load_domain(cfg)
-    template = amplify_template(cfg, domain)
-    if cfg.amplify.grounding is not None:
-        from factory.engine.stages.amplify import grounding_world
-
-        # bad world sizes (or a domain without grounding) fail here, with their key
-        grounding_world(cfg.amplify.grounding, cfg.domain.name)
-    if cfg.mixture is not None:
-        Mixture.load(cfg.resolve(cfg.mixture.path))
-    build_decontaminator(cfg)  # a missing or empty benchmark file
-    models = {cfg.llm.model}
-    if cfg.prefilter.enabled:
-        PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
-        models.add(cfg.prefilter.model or cfg.llm.model)
-    for model in sorted(models):
-        build_backend_for(cfg, model)  # backend, options, keys, sampling; opens no connection
-    return template
-
-
-def _collect_seeds(
-    cfg: RecipeConfig, out_dir: Path, manifest: Manifest, collector: Collector
-) -> tuple[dict[str, str], Counter[str], float]:
-    """Run phase 1: kept seeds ``{id: record JSON}``, judge tokens and cost.
-
-    Rejected and failed seeds go to ``rejects/seeds/`` and ``failed/seeds/``; seeds a
-    cap left unjudged are ``unissued`` (not rejects: nothing was decided about them).
-    What the judge paid this run, its cache replays and any response the cache
-    refused are recorded on ``collector`` (run-wide figures).
-    """
-    from factory.engine.pipeline import checked_seed_dataset, iter_rows
-    from factory.engine.raycompat import map_stage
-    from factory.engine.stages.llm_stage import sum_retries
-    from factory.engine.stages.prefilter import build_prefilter
-
-    ds = checked_seed_dataset(cfg)
-    if cfg.prefilter.enabled:
-        ds = ds.repartition(target_num_rows_per_block=rows_per_llm_block(cfg))
-        ds = map_stage(
-            ds,
-            build_prefilter,
-            cfg,
-            ray_cfg=cfg.ray,
-            is_async=True,
-            batch_size=LLM_ROWS_PER_BATCH,
-            max_concurrent_batches=LLM_TASKS_PER_ACTOR,
-            batches_per_task=llm_batches_per_task(cfg),
-        )
-    rejects = RejectWriter(out_dir, subdir="rejects/seeds")
-    failed = RejectWriter(out_dir, subdir="failed/seeds")
-    kept: dict[str, str] = {}
-    dedup = Deduper("same content as seed {first}")  # phase 1 owns the seeds' filter
-    tokens: Counter[str] = Counter()
-    counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
-    reasons: dict[str, int] = {}
-    retries: Counter[str] = Counter()
-    examples: dict[str, tuple[str, str]] = {}  # the first row of each reason, for the console
-    cost = 0.0
-    for row in iter_rows(ds):
-        counts["total"] += 1
-        sum_retries(retries, row)
-        collector.take_unstored(row)
-        # Spend first: a judge row refused by a cap may hold an earlier, paid request.
-        cost += float(row.get("cost_usd") or 0.0)
-        collector.replayed += int(row.get("cached_responses") or 0)
-        collector.paid_usd += float(row.get("paid_usd") or 0.0)
-        if row.get("usage"):
-            tokens.update(json.loads(row["usage"]))
-        if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
-            counts["unissued"] += 1
-            continue
-        duplicate = dedup.check_row(row) if row["status"] == OK else None
-        if duplicate is not None:
-            reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
-        if row["status"] == OK:
-            kept[row["id"]] = row["record"]
-            counts["kept"] += 1
-            continue
-        counts["failed" if row["status"] == FAILED else "rejected"] += 1
-        key = f"{row['stage']}:{row['reason']}"
-        reasons[key] = reasons.get(key, 0) + 1
-        examples.setdefault(key, (row.get("source") or row["id"] or "?", row.get("message") or ""))
-        writer = failed if row["status"] == FAILED else rejects
-        writer.add({k: v for k, v in row.items() if v is not None})
-    rejects.close()
-    failed.close()
-    manifest.files.update({**rejects.files, **failed.files})
-    manifest.extra["seeds"] = {**counts, "reasons": reasons, "retries": dict(retries)}
-    if not kept and not counts["unissued"] and not collector.unstored:
-        raise no_seeds_error(counts, reasons, examples, [rejects.dir, failed.dir])
-    return kept, tokens, cost
-
-
-def no_seeds_error(
-    counts: dict[str, int],
-    reasons: dict[str, int],
-    examples: dict[str, tuple[str, str]],
-    folders: list[Path],
-) -> SeedError:
-    """The error of a run left without seeds: counts, the commonest reasons with an
-    example each, and the folders holding every row (only those that exist)."""
-    where = [str(f) for f in folders if f.is_dir()]
-    message = (
-        f"no seed survived the checks: {counts['total']} read, {counts['rejected']} rejected, "
-        f"{counts['failed']} failed" + (f"; every row is in {' and '.join(where)}" if where else "")
-    )
-    error = SeedError("no_seeds", message)
-    error.details = tuple(top_reasons(reasons, examples))
-    return error
-
-
-def _call_dataset(
-    cfg: RecipeConfig,
-    kept: dict[str, str],
-    start: int,
-    n: int,
-    plan: tuple[list[str], dict[str, int]] | None,
-) -> Any:
-    """Calls ``start .. start+n-1``: a range read straight into one actor pool that
-    amplifies and post-processes (no per-block task operator in between)."""
-    import ray.data
-
-    from factory.engine.raycompat import map_stage
-    from factory.engine.stages.amplify import build_amplify
-    from factory.engine.stages.postprocess import build_postprocess
-
-    # Few, large blocks: every read task costs a Ray worker ~0.3 CPU-s of fixed overhead
-    # (measured: 700 blocks of 128 rows spent 200 CPU-s on 90k calls); a block of up to
-    # 512 rows still streams, and at least four blocks per actor keep every actor busy
-    # when one block waits for its slowest row.
-    blocks = max(4 * cfg.ray.actors, math.ceil(n / ROWS_PER_CALL_BLOCK))
-    ds = ray.data.range(n, override_num_blocks=min(n, blocks))
-    return map_stage(
-        ds,
-        build_amplify,
-        cfg,
-        kept,
-        start,
-        plan,
-        ray_cfg=cfg.ray,
-        is_async=True,
-        then=[(build_postprocess, (cfg,))],
-        batch_size=LLM_ROWS_PER_BATCH,
-        max_concurrent_batches=LLM_TASKS_PER_ACTOR,
-        batches_per_task=llm_batches_per_task(cfg),
-    )
-
-
-def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Run an ``amplify`` recipe into ``out_dir``."""
-    import ray
-
-    from factory.engine.pipeline import iter_rows
-    from factory.engine.raycompat import init_ray
-    from factory.engine.stages.amplify import round_plan, seed_order
-    from factory.engine.stages.llm_stage import sum_retries
-
-    assert cfg.amplify is not None and cfg.llm is not None
-    template = preflight(cfg)
-    init_ray(cfg.ray.address)
-    budget = _start_budget(cfg)
-    manifest = new_manifest(cfg)
-    target = cfg.amplify.target
-    # With a mixture, accepted rows are candidates; the selection is written to data/.
-    collector = Collector(
-        out_dir,
-        manifest,
-        dataset_name=cfg.output.dataset_name,
-        shard_rows=cfg.output.shard_rows,
-        target=target,
-        # No hard per-seed cap: later rounds steer calls to the seeds below their
-        # share instead, so a low-yield seed cannot stall the run.
-        data_subdir="candidates" if cfg.mixture else "data",
-        keep_labels=cfg.mixture is not None,
-        # Loads the earlier runs' indexes now: a bad one stops the run before any call.
-        neardup=build_neardup_index(cfg),
-    )
-    if cfg.mixture:
-        collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
-    phase_start = time.time()
-    kept, judge_tokens, judge_cost = _collect_seeds(cfg, out_dir, manifest, collector)
-    collector.seeds = list(kept)
-    timings: dict[str, Any] = {"seeds_s": round(time.time() - phase_start, 2), "rounds": []}
-    seeds_unissued = manifest.extra["seeds"]["unissued"]
-    order = seed_order(list(kept), cfg.amplify.seed)
-    cap = math.ceil(target / max(1, len(kept)))
-    # Rounds an earlier run of this folder issued: issued again first, exactly (their
-    # answers are cached), so a resumed or extended run pays only for what is missing.
-    previous = load_rounds(out_dir)
-    issued_rounds: list[dict[str, Any]] = []
-    calls: Counter[str] = Counter()  # calls made per seed: later rounds continue variations
-    retries: Counter[str] = Counter()  # retried attempts by reason (amplification)
-    fingerprints: set[str] = set()
-    # ``next_index``: first call index of the next round; ``issued``: calls actually sent
-    # (a budget cap may leave some of a round's calls unissued).
-    next_index, issued, rounds, stopped_by, stalled = 0, 0, 0, None, False
-    if not kept:  # a cap stopped the judge (or the cache refused its answers: below)
-        stopped_by = _budget_stop(budget)
-    with _progress(progress, target, "accepted") as bar, _batch_progress(cfg, out_dir, progress):
-        while kept and not collector.done and collector.cache_error is None:
-            used = collector.tokens + judge_tokens  # caps count the judge's spend too
-            n, stopped_by = plan_round(
-                cfg,
-                accepted=collector.accepted,
-                issued=issued,
-                spent_usd=collector.cost_usd + judge_cost,
-                tokens=used["prompt_tokens"] + used["completion_tokens"],
-            )
-            if n == 0:
-                break
-            replay = previous[rounds] if rounds < len(previous) else None
-            if replay is not None and replay.get("start") == next_index:
-                n, plan = int(replay["n"]), _plan_from_json(replay.get("plan"))
-            else:
-                previous = previous[:rounds]  # this run goes its own way from here
-                plan = None if not rounds else round_plan(order, collector.per_seed, calls, cap)
-            issued_rounds.append({"start": next_index, "n": n, "plan": plan})
-            save_rounds(out_dir, issued_rounds + previous[len(issued_rounds) :])
-            before = collector.accepted
-            round_start = time.time()
-            bar.new_phase()  # the ETA counts from this round's first completion
-            for row in iter_rows(_call_dataset(cfg, kept, next_index, n, plan)):
-                if row.get("seed_id"):
-                    calls[row["seed_id"]] += 1
-                sum_retries(retries, row)
-                if collector.add(row) == "accepted":
-                    bar.update(1)
-                if row.get("fingerprint"):
-                    fingerprints.add(row["fingerprint"])
-                bar.set_postfix(
-                    rejected=collector.counts["rejected"],
-                    failed=collector.counts["failed"],
-                    # As the manifest counts them: cached tokens are part of the prompt's.
-                    tok=run_tokens(collector.tokens, judge_tokens),
-                    usd=f"{collector.cost_usd:.2f}",
-                    refresh=False,
-                )
-            next_index += n
-            issued = collector.total
-            rounds += 1
-            timings["rounds"].append({"calls": n, "seconds": round(time.time() - round_start, 2)})
-            if collector.cache_error is not None:
-                stopped_by = "cache_write"
-                break
-            if budget is not None:
-                stopped_by = ray.get(budget.snapshot.remote())["stopped_by"]
-                if stopped_by:
-                    break
-            if collector.accepted == before:
-                stalled = True
-                break
-    if collector.cache_error is not None:  # in either phase: no new call was started
-        stopped_by = "cache_write"
-    stopped_by = stopped_by or ("no_progress" if stalled else None)
-    static = estimate_tokens(template.static)
-    prompt_tokens = collector.tokens["prompt_tokens"]
-    reached = collector.accepted >= target
-    amplify_tokens = dict(collector.tokens)
-    amplify_cost = collector.cost_usd
-    collector.tokens.update(judge_tokens)  # manifest "tokens" / "cost_usd": whole-run totals
-    collector.cost_usd += judge_cost
-    amplify_unissued = collector.unissued
-    collector.unissued += seeds_unissued  # calls a cap refused, whichever stage asked
-    mixture_report = select_mixture(cfg, out_dir, collector) if cfg.mixture else None
-    judge_retries = manifest.extra["seeds"].get("retries") or {}
-    totals = collector.close(
-        mixture=mixture_report,
-        by_stage={
-            "prefilter": {
-                "tokens": dict(judge_tokens),
-                "cost_usd": round(judge_cost, 6),
-                "retries": judge_retries,
-            },
-            "amplify": {
-                "tokens": amplify_tokens,
-                "cost_usd": round(amplify_cost, 6),
-                "retries": dict(retries),
-            },
-        },
-        retries=dict(sorted((retries + Counter(judge_retries)).items())),
-        pipeline="amplify",
-        calls={"issued": issued, "rounds": rounds},
-        unissued_by_stage={"prefilter": seeds_unissued, "amplify": amplify_unissued},
-        target={"requested": target, "reached": reached, "stopped_by": stopped_by},
-        prompt_cache={
-            "static_prefix_tokens_per_call": static,
-            "static_prefix_share": round(static * issued / prompt_tokens, 4)
-            if prompt_tokens
-            else None,
-            "server_cached_share": round(collector.tokens["cached_tokens"] / prompt_tokens, 4)
-            if prompt_tokens
-            else None,
-        },
-        generated_with_devserver=DEVSERVER_FINGERPRINT in fingerprints,
-        # What the run-wide budget counted (every stage): comparable with cost_usd and tokens.
-        budget=None if budget is None else ray.get(budget.snapshot.remote()),
-        batches=batch_summary(out_dir),  # llm.backend openai_batch: ids and outcomes
-        timings=timings,
-        model=cfg.llm.model,
-        decontamination=decontam_summary(cfg, manifest),
-    )
-    manifest_dict = manifest.to_dict(**totals)
-    result = RunResult(
-        out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
-    )
-    if collector.cache_error is not None:
-        result.error = (
-            f"cannot store LLM responses in the cache ({collector.cache_error}); the run stopped "
-            f"issuing calls; {len(collector.unstored)} paid responses are counted (tokens, cost, "
-            f"budget) and kept in {', '.join(collector.unstored_in)} (the next run stores them "
-            "in the cache); make the cache writable and run the same command again to resume"
-        )
-    return result
-
-
 def batch_line(summary: dict[str, Any] | None) -> str | None:
     """One progress line of a batched backend's batches: by state, and requests done."""
     if not summary:
@@ -510,14 +546,13 @@ def batch_line(summary: dict[str, Any] | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator[None]:
-    """With a batched backend, print its batches' line when it changes (checked every
-    5 s): rows arrive only as whole batches end, hours apart with a real Batch API, so
-    the row bar alone would look stuck."""
+def batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator[None]:
+    """With a batched backend, print its batches' line on the console when it changes
+    (checked every 5 s): rows arrive only as whole batches end, hours apart with a real
+    Batch API, so the row bar alone would look stuck."""
     from factory.llm.backends import get_backend
 
-    assert cfg.llm is not None
-    if not enabled or not get_backend(cfg.llm.backend).batched:
+    if not enabled or cfg.llm is None or not get_backend(cfg.llm.backend).batched:
         yield
         return
     stop = threading.Event()
@@ -528,7 +563,7 @@ def _batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator
             line = batch_line(batch_summary(out_dir))
             if line is not None and line != last:
                 last = line
-                print(line, file=sys.stderr, flush=True)
+                print(line, file=console(), flush=True)
 
     thread = threading.Thread(target=watch, name="batch-progress", daemon=True)
     thread.start()
@@ -539,18 +574,5 @@ def _batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator
         thread.join(timeout=10)
 
 
-def _budget_stop(budget: Any) -> str | None:
-    """The cap the budget actor saw reached, if any."""
-    if budget is None:
-        return None
-    import ray
-
-    return ray.get(budget.snapshot.remote())["stopped_by"]
-
-
-def _plan_from_json(plan: Any) -> tuple[list[str], dict[str, int]] | None:
-    """A round plan as ``save_rounds`` stored it (JSON has no tuples)."""
-    if not plan:
-        return None
-    room, base = plan
-    return list(room), {str(k): int(v) for k, v in base.items()}
+def _now() -> float:
+    return time.time()

@@ -1,12 +1,14 @@
 """The simulator-data job: sampler -> executor -> step samples -> mixture -> alpaca shards.
 
-Phase 1 samples episodes on the executable world in rounds (Ray actors, each
-building the world once) and streams every checked step sample to
-``OUT/candidates/`` while the driver keeps only ``(id, labels)`` per sample.
-Rounds stop as soon as every quota of the mixture has enough candidates, or at
-``envsim.max_episodes``. Phase 2 selects the mixture from the labels alone
-(deterministic, coverage first, never borrowing across groups) and streams the
-chosen candidates into LLaMA-Factory alpaca shards under ``OUT/data/``.
+Sampling is a stage like any other (``EpisodeStage``, built once per worker with
+its world): the driver loop issues episode numbers, each worker turns one into
+its checked step samples, and the driver files them in episode order into
+``OUT/candidates/``, keeping only ``(id, labels)`` per sample. Episodes stop as
+soon as every quota of the mixture has enough candidates (counted after each
+episode: ``QuotaFill``), or at ``envsim.max_episodes``. Then the mixture is
+selected from the labels alone (deterministic, coverage first, never borrowing
+across groups) and the chosen candidates are streamed into LLaMA-Factory alpaca
+shards under ``OUT/data/``.
 
 Held-out split (``envsim.heldout``): ``by: task | user`` keeps a seeded share
 of the task (user) ids out of the training selection and selects the held-out
@@ -34,11 +36,21 @@ from factory.config import RecipeConfig
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
-from factory.engine.result import RunResult, _progress, new_manifest
+from factory.engine.loop import Bar, Job
+from factory.engine.stages.base import Stage
+from factory.engine.work import Item, ItemResult
 from factory.errors import ConfigError, SeedError
-from factory.io.writer import RejectWriter, ShardWriter, write_dataset_info
+from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
-__all__ = ["ALPACA_SCHEMA", "CANDIDATE_SCHEMA", "alpaca_row", "run_envsim"]
+__all__ = [
+    "ALPACA_SCHEMA",
+    "CANDIDATE_SCHEMA",
+    "EnvsimJob",
+    "EpisodeStage",
+    "QuotaFill",
+    "alpaca_row",
+    "episode_rows",
+]
 
 CANDIDATE_SCHEMA = pa.schema(
     [
@@ -61,15 +73,22 @@ ALPACA_SCHEMA = pa.schema(
 )
 
 
-class EpisodeStepsUDF:
-    """Ray actor: builds the world once; turns episode numbers into checked step rows."""
+class EpisodeStage(Stage):
+    """Episode number (``call_index``) -> its checked step samples (CPU; no LLM).
 
-    def __init__(self, cfg: RecipeConfig, start: int, world_seed: int | None = None):
+    Builds the world once per worker. A step whose invariants fail is a reject row
+    (its reason kept); the others are candidates.
+    """
+
+    name = "envsim"
+    requires = ("call_index",)
+
+    def __init__(self, cfg: RecipeConfig, world_seed: int | None = None):
         from factory.envsim.sampler import EpisodeSampler
 
         assert cfg.envsim is not None
         es = cfg.envsim
-        self.seed, self.start = es.seed, start
+        self.seed = es.seed
         self.domain = cfg.domain.name
         self.sampler = EpisodeSampler(
             self.domain,
@@ -80,82 +99,77 @@ class EpisodeStepsUDF:
             validate_arguments=es.validate_arguments,
         )
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        from factory.envsim.steps import check_step, decompose
-        from factory.errors import FactoryError
-
-        rows: list[dict[str, Any]] = []
-        for offset in batch.column("id").to_pylist():
-            index = self.start + int(offset)
-            traj = self.sampler.episode(index, seed=self.seed)
-            for sample in decompose(traj, self.sampler.fresh_env(), env_id=self.sampler.env_id):
-                row = {
-                    "id": sample.id,
-                    "status": "ok",
-                    "reason": None,
-                    "message": None,
-                    # the tool rides along for selection (tool balance), not in the sample
-                    "labels": json.dumps({**sample.labels, "tool": sample.tool}),
-                    "sample": None,
-                }
-                try:
-                    check_step(sample, domain=self.domain)
-                except FactoryError as exc:
-                    row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
-                row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
-                rows.append(row)
-        return pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA)
+    def process(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # type: ignore[override]
+        return episode_rows(self.sampler, int(row["call_index"]), self.seed, self.domain)
 
 
-def _episode_round(cfg: RecipeConfig, start: int, n: int, world_seed: int | None = None) -> Any:
-    import ray.data
+def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[str, Any]]:
+    """The candidate rows of episode ``index`` (pure given the sampler's world)."""
+    from factory.envsim.steps import check_step, decompose
+    from factory.errors import FactoryError
 
-    blocks = max(1, min(n // 50, 64))
-    return ray.data.range(n, override_num_blocks=blocks).map_batches(
-        EpisodeStepsUDF,
-        fn_constructor_args=(cfg, start, world_seed),
-        batch_format="pyarrow",
-        batch_size=50,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.ray.actors),
-        num_cpus=cfg.ray.num_cpus,
-    )
+    rows: list[dict[str, Any]] = []
+    traj = sampler.episode(index, seed=seed)
+    for sample in decompose(traj, sampler.fresh_env(), env_id=sampler.env_id):
+        row = {
+            "id": sample.id,
+            "status": "ok",
+            "reason": None,
+            "message": None,
+            # the tool rides along for selection (tool balance), not in the sample
+            "labels": json.dumps({**sample.labels, "tool": sample.tool}),
+            "sample": None,
+        }
+        try:
+            check_step(sample, domain=domain)
+        except FactoryError as exc:
+            row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
+        row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
+        rows.append(row)
+    return rows
 
 
-def _available(mixture: Mixture, labels: list[dict[str, Any]]) -> dict[str, int]:
-    """Candidates per quota, each sample counted for the first quota it matches."""
-    counts: Counter[str] = Counter()
-    for lab in labels:
-        for q in mixture.quotas:
-            if q.matches(lab):
-                counts[q.name] += 1
+def build_episode_stage(cfg: RecipeConfig, world_seed: int | None = None) -> EpisodeStage:
+    return EpisodeStage(cfg, world_seed)
+
+
+class QuotaFill:
+    """How much of a mixture the candidates of one side could fill, counted as they come.
+
+    Each candidate counts for the first quota it matches; with ``max_per_tool`` a
+    tool's candidates beyond the cap do not count (the selection would pass them
+    over); ``balanced`` says whether every tool has ``min_per_tool`` candidates.
+    """
+
+    def __init__(self, mixture: Mixture, tools: list[str]) -> None:
+        self.mixture = mixture
+        self.tools = tools
+        self.available: Counter[str] = Counter()
+        self.per_tool: Counter[Any] = Counter()
+
+    def add(self, labels: dict[str, Any]) -> None:
+        tool = labels.get("tool")
+        cap = self.mixture.max_per_tool
+        if cap is not None and isinstance(tool, str) and self.per_tool[tool] >= cap:
+            return
+        self.per_tool[tool] += 1
+        for q in self.mixture.quotas:
+            if q.matches(labels):
+                self.available[q.name] += 1
                 break
-    return dict(counts)
 
+    @property
+    def rows(self) -> int:
+        return sum(min(self.available[q.name], q.count) for q in self.mixture.quotas)
 
-def _met(
-    mixture: Mixture, keys: list[dict[str, Any]], heldout: bool, tools: list[str]
-) -> tuple[int, bool]:
-    """Rows of ``mixture`` one side of the split could fill now, and whether every tool
-    has ``mixture.min_per_tool`` candidates there (tool balance). With ``max_per_tool``
-    a tool's candidates beyond the cap do not count: the selection would pass them over."""
-    labels = [k["labels"] for k in keys if k["heldout"] is heldout]
-    if mixture.max_per_tool is not None:
-        seen: Counter[Any] = Counter()
-        kept = []
-        for lab in labels:
-            tool = lab.get("tool")
-            if isinstance(tool, str):
-                if seen[tool] >= mixture.max_per_tool:
-                    continue
-                seen[tool] += 1
-            kept.append(lab)
-        labels = kept
-    available = _available(mixture, labels)
-    rows = sum(min(available.get(q.name, 0), q.count) for q in mixture.quotas)
-    if not mixture.min_per_tool:
-        return rows, True
-    calls = Counter(lab.get("tool") for lab in labels)
-    return rows, all(calls[t] >= mixture.min_per_tool for t in tools)
+    @property
+    def balanced(self) -> bool:
+        need = self.mixture.min_per_tool
+        return not need or all(self.per_tool[t] >= need for t in self.tools)
+
+    @property
+    def met(self) -> bool:
+        return self.rows >= self.mixture.total and self.balanced
 
 
 def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[str, str]:
@@ -222,170 +236,273 @@ def _alpaca_rows(
         yield row
 
 
-def run_envsim(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Run an ``envsim`` recipe into ``out_dir``."""
-    from factory.engine.pipeline import iter_rows
-    from factory.engine.raycompat import init_ray
-    from factory.envs.pack import load_domain
-    from factory.envs.registry import get_plugin
+class EnvsimPlanner:
+    """Episodes world by world (the training world, then a held-out one when the split is
+    ``by: env``) until each side's mixture can be filled, or ``max_episodes``."""
 
-    assert cfg.envsim is not None and cfg.mixture is not None
-    for part in ("environment", "sampler", "slicing"):  # fail here, not inside a Ray actor
-        get_plugin(cfg.domain.name, needs=part)
-    es, mx = cfg.envsim, cfg.mixture
-    mixture = Mixture.load(cfg.resolve(mx.path))
-    tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
-    init_ray(cfg.ray.address)
-    manifest = new_manifest(cfg)
-    candidates = ShardWriter(
-        out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
-    )
-    rejects = RejectWriter(out_dir)
-    keys: list[dict[str, Any]] = []  # (id, labels, side of the split) only: payloads on disk
-    counts: Counter[str] = Counter()
-    ho = es.heldout
-    held_mix = mixture.scaled(ho.scale, f"{mixture.name}-heldout") if ho is not None else None
-    by_id = ho is not None and ho.by != "env"
-    heldout_world = None
-    if ho is not None and ho.by == "env":
-        heldout_world = es.world_seed + 1 if ho.world_seed is None else ho.world_seed
-        if heldout_world == es.world_seed:
-            raise ConfigError(
-                "the held-out world must differ from envsim.world_seed",
-                key_path="envsim.heldout.world_seed",
+    def __init__(
+        self,
+        worlds: list[tuple[str, list[tuple[QuotaFill, bool]]]],
+        *,
+        max_episodes: int,
+        sink: EnvsimSink,
+    ) -> None:
+        self.worlds = worlds  # (chain name, [(fill, held-out side)])
+        self.max_episodes = max_episodes
+        self.sink = sink
+        self.world = 0
+        self.issued = 0  # on the current world
+        self.used = 0
+        self.episodes = 0  # over all worlds
+        self.total_rows = sum(f.mixture.total for _, fills in worlds for f, _ in fills)
+        self.done_rows = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.world >= len(self.worlds)
+
+    @property
+    def stopped_by(self) -> str | None:
+        return None
+
+    def _fills(self) -> list[tuple[QuotaFill, bool]]:
+        return self.worlds[self.world][1]
+
+    def issue(self, room: int, llm_room: int) -> list[Item]:
+        if self.finished:
+            return []
+        chain = self.worlds[self.world][0]
+        n = min(room, self.max_episodes - self.issued)
+        items = [
+            Item(chain, k, chain, {"call_index": k}) for k in range(self.issued, self.issued + n)
+        ]
+        self.issued += len(items)
+        return items
+
+    def observe(self, result: ItemResult) -> None:
+        self.used += 1
+        self.episodes += 1
+        fills = self._fills()
+        if all(fill.met for fill, _ in fills) or self.used >= self.max_episodes:
+            self.done_rows += sum(f.mixture.total for f, _ in fills)
+            self.world += 1
+            self.issued = self.used = 0
+            if not self.finished:
+                self.sink.world_held = self.worlds[self.world][0] == HELDOUT_CHAIN
+
+    def bars(self) -> list[Bar]:
+        now = self.done_rows
+        if not self.finished:
+            now += sum(fill.rows for fill, _ in self._fills())
+        return [
+            Bar(
+                "candidates for the mixture",
+                now,
+                self.total_rows,
+                {"episodes": self.episodes, "steps": self.sink.counts["total"]},
             )
-    # (world seed, mixtures to meet on it as (mixture, held-out side)); the held-out world last
-    worlds: list[tuple[int, list[tuple[Mixture, bool]]]] = [
-        (es.world_seed, [(mixture, False)] + ([(held_mix, True)] if by_id and held_mix else []))
-    ]
-    if heldout_world is not None and held_mix is not None:
-        worlds.append((heldout_world, [(held_mix, True)]))
-    total = mixture.total + (held_mix.total if held_mix is not None else 0)
-    episodes = 0
-    with _progress(progress, total, "candidates for the mixture") as bar:
-        done = 0
-        for world_seed, wanted in worlds:
-            on_world = 0
-            held_world = world_seed == heldout_world
-            while on_world < es.max_episodes:
-                n = min(es.episodes_per_round, es.max_episodes - on_world)
-                seed_arg = None if world_seed == es.world_seed else world_seed
-                for row in iter_rows(_episode_round(cfg, on_world, n, seed_arg), batch_size=1024):
-                    counts["total"] += 1
-                    if row["status"] != "ok":
-                        counts["rejected"] += 1
-                        manifest.reason("envsim", row["reason"])
-                        rejects.add({k: v for k, v in row.items() if v is not None})
-                        continue
-                    candidates.add(row)
-                    labels = json.loads(row["labels"])
-                    side = held_world or (
-                        by_id
-                        and ho is not None
-                        and held_out(labels, by=ho.by, share=ho.share, seed=ho.seed)
-                    )
-                    keys.append({"id": row["id"], "labels": labels, "heldout": side})
-                on_world += n
-                met = [_met(mix, keys, side, sorted(tools)) for mix, side in wanted]
-                bar.n = done + sum(rows for rows, _ in met)
-                bar.refresh()
-                if all(
-                    rows >= mix.total and balanced
-                    for (rows, balanced), (mix, _) in zip(met, wanted, strict=True)
-                ):
-                    break
-            done += sum(mix.total for mix, _ in wanted)
-            episodes += on_world
-    candidates.close()
-    rejects.close()
-    exclusions: dict[str, Any] = {
-        "exclude_task_ids": mx.exclude_task_ids,
-        "exclude_user_ids": mx.exclude_user_ids,
-        "tools": sorted(tools),  # tool balance (min_per_tool) covers every tool of the domain
-    }
-    selection: Selection = select(
-        (k for k in keys if not k["heldout"]), mixture, seed=mx.seed, **exclusions
-    )
-    held_selection: Selection | None = None
-    if held_mix is not None and ho is not None:
-        # a step identical to a training-side step (another episode made it too) is not held out
-        train_ids = {k["id"] for k in keys if not k["heldout"]}
-        held_selection = select(
-            (k for k in keys if k["heldout"] and k["id"] not in train_ids),
-            held_mix,
-            seed=ho.seed,
-            **exclusions,
+        ]
+
+
+TRAIN_CHAIN, HELDOUT_CHAIN = "episodes", "heldout-world"
+
+
+class EnvsimSink:
+    """Step rows in episode order: candidates to ``candidates/``, rejects to ``rejects/``;
+    keeps ``(id, labels, side)`` for the selection and feeds the quota counters."""
+
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        out_dir: Path,
+        manifest: Manifest,
+        fills: dict[bool, QuotaFill],
+    ) -> None:
+        assert cfg.envsim is not None
+        self.manifest = manifest
+        self.heldout = cfg.envsim.heldout
+        self.by_id = self.heldout is not None and self.heldout.by != "env"
+        self.candidates = ShardWriter(
+            out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
         )
-    # the tasks (episodes) each side could draw from: the yield's denominator
-    tasks = {
-        side: sorted(
-            {
-                str(k["labels"].get("task_id"))
-                for k in keys
-                if k["heldout"] is side and k["labels"].get("task_id")
+        self.rejects = RejectWriter(out_dir)
+        self.keys: list[dict[str, Any]] = []  # payloads stay on disk
+        self.counts: Counter[str] = Counter()
+        self.fills = fills
+        self.world_held = False  # the current world is the held-out one (split by env)
+
+    @property
+    def stop_reason(self) -> str | None:
+        return None
+
+    def arrived(self, result: ItemResult) -> None:
+        return None
+
+    def add(self, row: dict[str, Any]) -> str:
+        self.counts["total"] += 1
+        row = {k: row.get(k) for k in CANDIDATE_SCHEMA.names}
+        if row["status"] != "ok":
+            self.counts["rejected"] += 1
+            self.rejects.add({k: v for k, v in row.items() if v is not None})
+            row["stage"] = "envsim"
+            return "rejected"
+        self.candidates.add(row)
+        labels = json.loads(row["labels"])
+        ho = self.heldout
+        side = self.world_held or bool(
+            self.by_id
+            and ho is not None
+            and held_out(labels, by=ho.by, share=ho.share, seed=ho.seed)
+        )
+        self.keys.append({"id": row["id"], "labels": labels, "heldout": side})
+        fill = self.fills.get(side)
+        if fill is not None:
+            fill.add(labels)
+        return "accepted"
+
+
+class EnvsimJob(Job):
+    """The simulator-data job of ``cfg`` writing into ``out_dir`` (module docstring)."""
+
+    pipeline = "envsim"
+
+    def __init__(self, cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> None:
+        from factory.envs.pack import load_domain
+        from factory.envs.registry import get_plugin
+
+        assert cfg.envsim is not None and cfg.mixture is not None
+        for part in ("environment", "sampler", "slicing"):  # fail here, not in a worker
+            get_plugin(cfg.domain.name, needs=part)
+        self.cfg, self.out_dir, self.manifest = cfg, out_dir, manifest
+        es = cfg.envsim
+        self.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
+        self.tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
+        ho = es.heldout
+        self.held_mix = (
+            self.mixture.scaled(ho.scale, f"{self.mixture.name}-heldout")
+            if ho is not None
+            else None
+        )
+        by_id = ho is not None and ho.by != "env"
+        self.heldout_world: int | None = None
+        if ho is not None and ho.by == "env":
+            self.heldout_world = es.world_seed + 1 if ho.world_seed is None else ho.world_seed
+            if self.heldout_world == es.world_seed:
+                raise ConfigError(
+                    "the held-out world must differ from envsim.world_seed",
+                    key_path="envsim.heldout.world_seed",
+                )
+        names = sorted(self.tools)
+        fills = {False: QuotaFill(self.mixture, names)}
+        if self.held_mix is not None:
+            fills[True] = QuotaFill(self.held_mix, names)
+        train = [(fills[False], False)] + ([(fills[True], True)] if by_id else [])
+        worlds: list[tuple[str, list[tuple[QuotaFill, bool]]]] = [(TRAIN_CHAIN, train)]
+        chains: dict[str, list[Any]] = {TRAIN_CHAIN: [(build_episode_stage, (cfg, None))]}
+        if self.heldout_world is not None:
+            worlds.append((HELDOUT_CHAIN, [(fills[True], True)]))
+            chains[HELDOUT_CHAIN] = [(build_episode_stage, (cfg, self.heldout_world))]
+        self.steps = EnvsimSink(cfg, out_dir, manifest, fills)
+        self.envsim_planner = EnvsimPlanner(worlds, max_episodes=es.max_episodes, sink=self.steps)
+        super().__init__(name="envsim", chains=chains, planner=self.envsim_planner, sink=self.steps)
+
+    def error(self, stopped_by: str | None) -> str | None:
+        return None
+
+    def finish(self, ledger: Any, stopped_by: str | None) -> dict[str, Any]:
+        """Select the mixture (and the held-out one), write the alpaca shards; the job's
+        manifest sections and its totals (``totals``: steps = selected + not + rejected)."""
+        cfg, out_dir, manifest, sink = self.cfg, self.out_dir, self.manifest, self.steps
+        assert cfg.envsim is not None and cfg.mixture is not None
+        mx, ho = cfg.mixture, cfg.envsim.heldout
+        sink.candidates.close()
+        sink.rejects.close()
+        keys = sink.keys
+        exclusions: dict[str, Any] = {
+            "exclude_task_ids": mx.exclude_task_ids,
+            "exclude_user_ids": mx.exclude_user_ids,
+            "tools": sorted(self.tools),  # tool balance (min_per_tool) covers every tool
+        }
+        selection: Selection = select(
+            (k for k in keys if not k["heldout"]), self.mixture, seed=mx.seed, **exclusions
+        )
+        held_selection: Selection | None = None
+        if self.held_mix is not None and ho is not None:
+            # a step identical to a training-side step (another episode made it) is not held out
+            train_ids = {k["id"] for k in keys if not k["heldout"]}
+            held_selection = select(
+                (k for k in keys if k["heldout"] and k["id"] not in train_ids),
+                self.held_mix,
+                seed=ho.seed,
+                **exclusions,
+            )
+        # the tasks (episodes) each side could draw from: the yield's denominator
+        tasks = {
+            side: sorted(
+                {
+                    str(k["labels"].get("task_id"))
+                    for k in keys
+                    if k["heldout"] is side and k["labels"].get("task_id")
+                }
+            )
+            for side in (False, True)
+        }
+        sink.keys = []
+        diversity = StepDiversity()
+        data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
+        data.extend(_alpaca_rows(cfg, selection, out_dir, self.tools, diversity))
+        data.close()
+        writers: list[Any] = [data, sink.candidates, sink.rejects]
+        splits: dict[str, str] = {}
+        extras: dict[str, Any] = {}
+        if held_selection is not None and ho is not None:
+            held = ShardWriter(
+                out_dir, subdir="heldout", schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows
+            )
+            held_diversity = StepDiversity()
+            held.extend(_alpaca_rows(cfg, held_selection, out_dir, self.tools, held_diversity))
+            held.close()
+            writers.append(held)
+            splits[f"{cfg.output.dataset_name}_heldout"] = "heldout"
+            extras["heldout"] = {
+                "by": ho.by,
+                "rows": held.rows_written,
+                "world_seed": self.heldout_world,
+                "mixture": held_selection.summary(),
+                "diversity": held_diversity.summary(tasks[True]),
             }
+        write_dataset_info(out_dir, cfg.output.dataset_name, formatting="alpaca", splits=splits)
+        for writer in writers:
+            manifest.files.update(writer.files)
+        groups = Counter(
+            s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
         )
-        for side in (False, True)
-    }
-    del keys
-    diversity = StepDiversity()
-    data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
-    data.extend(_alpaca_rows(cfg, selection, out_dir, tools, diversity))
-    data.close()
-    writers: list[Any] = [data, candidates, rejects]
-    splits: dict[str, str] = {}
-    if held_selection is not None:
-        held = ShardWriter(
-            out_dir, subdir="heldout", schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows
-        )
-        held_diversity = StepDiversity()
-        held.extend(_alpaca_rows(cfg, held_selection, out_dir, tools, held_diversity))
-        held.close()
-        writers.append(held)
-        splits[f"{cfg.output.dataset_name}_heldout"] = "heldout"
-        assert ho is not None
-        manifest.extra["heldout"] = {
-            "by": ho.by,
-            "rows": held.rows_written,
-            "world_seed": heldout_world,
-            "mixture": held_selection.summary(),
-            "diversity": held_diversity.summary(tasks[True]),
-        }
-    write_dataset_info(out_dir, cfg.output.dataset_name, formatting="alpaca", splits=splits)
-    groups = Counter(
-        s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
-    )
-    selected = data.rows_written
-    totals = {
-        "total": counts["total"],
-        "accepted": selected,
-        "surplus": counts["total"] - counts["rejected"] - selected,
-        "rejected": counts["rejected"],
-        "failed": 0,
-    }
-    manifest.stages = {
-        "envsim": {
+        selected = data.rows_written
+        rejected = sink.counts["rejected"]
+        self.totals = {
+            "total": sink.counts["total"],
             "accepted": selected,
-            "rejected": counts["rejected"],
-            "surplus": totals["surplus"],
+            "surplus": sink.counts["total"] - rejected - selected,
+            "rejected": rejected,
+            "failed": 0,
         }
-    }
-    manifest.extra.update(
-        pipeline="envsim",
-        episodes=episodes,
-        mixture={**selection.summary(), "groups": dict(groups)},
-        diversity=diversity.summary(tasks[False]),
-    )
-    for writer in writers:
-        manifest.files.update(writer.files)
-    manifest.write(out_dir, **totals)
-    manifest_dict = manifest.to_dict(**totals)
-    result = RunResult(out_dir, totals, manifest_dict, wall_s=manifest_dict["wall_time_s"])
-    result.extra["report"] = selection.report()
-    if selection.shortfall and not mx.allow_shortfall:
-        raise SeedError(
-            "shortfall",
-            f"mixture quotas not met: {selection.shortfall} "
-            f"(after {episodes} episodes; raise envsim.max_episodes)",
-        )
-    return result
+        self.stages = {
+            "envsim": {
+                "accepted": selected,
+                "rejected": rejected,
+                "surplus": self.totals["surplus"],
+            }
+        }
+        self.report = selection.report()
+        if selection.shortfall and not mx.allow_shortfall:
+            raise SeedError(
+                "shortfall",
+                f"mixture quotas not met: {selection.shortfall} "
+                f"(after {self.envsim_planner.episodes} episodes; raise envsim.max_episodes)",
+            )
+        return {
+            **extras,
+            "episodes": self.envsim_planner.episodes,
+            "mixture": {**selection.summary(), "groups": dict(groups)},
+            "diversity": diversity.summary(tasks[False]),
+        }

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,23 +129,30 @@ def _part_rows(part_dir: Path) -> Iterator[dict[str, Any]]:
             yield from batch.to_pylist()
 
 
-def _run_part(sub: RecipeConfig, part_dir: Path, progress: bool) -> tuple[dict[str, Any], Any]:
+RunJob = Callable[..., Any]  # factory.engine.runner.run_job: (cfg, out_dir, progress=) -> result
+
+
+def _run_part(
+    sub: RecipeConfig, part_dir: Path, progress: bool, run_job: RunJob
+) -> tuple[dict[str, Any], Any]:
     """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
-    from factory.engine.jobs.amplify import run_amplify
     from factory.io.runstate import finish_run, prepare_output
 
     mode = prepare_output(sub, part_dir, fresh=False, retry_failed=False)
     if mode == "done":
         manifest = json.loads((part_dir / "manifest.json").read_text(encoding="utf-8"))
         return manifest, None
-    result = run_amplify(sub, part_dir, progress=progress)
+    result = run_job(sub, part_dir, progress=progress)
     if result.error is None:
         finish_run(sub, part_dir, stopped_by=result.stopped_by)
     return {**result.manifest, "error": result.error}, result.stopped_by
 
 
-def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring)."""
+def run_mix(
+    cfg: RecipeConfig, out_dir: Path, *, run_job: RunJob, progress: bool = True
+) -> RunResult:
+    """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring): each part
+    through ``run_job``, the one driver loop's entry (``factory.engine.runner``)."""
     assert cfg.parts is not None
     manifest = new_manifest(cfg)
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
@@ -164,7 +171,7 @@ def run_mix(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
             continue
         sub = part_recipe(cfg, index, out_dir, spent)
         part_dir = Path(sub.output.dir)
-        part_manifest, part_stop = _run_part(sub, part_dir, progress)
+        part_manifest, part_stop = _run_part(sub, part_dir, progress, run_job)
         before = data.rows_written
         data.extend(label_rows(_part_rows(part_dir), label))
         data.flush()

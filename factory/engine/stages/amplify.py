@@ -2,15 +2,12 @@
 
 Seeds are assigned to calls without replacement: the kept seeds are put in a
 fixed order (sorted by id, then shuffled with ``amplify.seed``) and call ``k``
-of a round uses seed ``order[k % n]`` as variation ``base[seed] + k // n``.
-Every seed is used once before any is used twice. The first round uses all
-seeds; a later round (issued to replace rejected or failed calls) lists only
-the seeds still below their share ``ceil(target / kept)`` (all seeds once
-every share is met), fewest accepted first, and continues their variation
-numbers, so no request repeats an earlier one. The assignment is a pure
-function of ``k`` and the round plan (so a rerun or a resume makes the same
-requests) and no list of work items exists anywhere: the driver only says
-which range of ``k`` to issue.
+uses seed ``order[k % n]`` as variation ``k // n``. Every seed is used once
+before any is used twice, and no request repeats an earlier one. The
+assignment is a pure function of ``k`` alone, so a rerun or a resume makes the
+same requests (all answered from the cache) whatever the timing of the calls
+before, and no list of work items exists anywhere: the driver issues call
+numbers as the observed yield requires (``factory.engine.jobs.amplify``).
 """
 
 from __future__ import annotations
@@ -23,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from factory.config import RecipeConfig
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
-from factory.engine.stages.llm_stage import LLMStage, build_backend_for, render
+from factory.engine.settings import LLMStageSettings
+from factory.engine.stages.llm_stage import LLMStage, render
 from factory.envs.pack import Domain, load_domain
 from factory.envsim.grounding import render_scenario
 
@@ -35,8 +33,8 @@ __all__ = [
     "AmplifyStage",
     "amplify_template",
     "assign",
+    "build_amplify",
     "grounding_world",
-    "round_plan",
     "seed_order",
 ]
 
@@ -61,23 +59,9 @@ def seed_order(seed_ids: list[str], seed: int) -> list[str]:
     return order
 
 
-def assign(
-    call_index: int, order: list[str], base: dict[str, int] | None = None
-) -> tuple[str, int]:
-    """(seed id, variation number) of the round's call ``call_index``: round-robin over
-    ``order``, variations continuing from ``base`` (calls already made per seed)."""
-    seed_id = order[call_index % len(order)]
-    return seed_id, (base or {}).get(seed_id, 0) + call_index // len(order)
-
-
-def round_plan(
-    order: list[str], accepted: dict[str, int], calls: dict[str, int], cap: int
-) -> tuple[list[str], dict[str, int]]:
-    """Seeds of the next round (below their cap, fewest accepted first; stable in the
-    base order) and their variation bases (calls already made)."""
-    room = [s for s in order if accepted.get(s, 0) < cap] or list(order)
-    room.sort(key=lambda s: accepted.get(s, 0))
-    return room, {s: calls.get(s, 0) for s in room}
+def assign(call_index: int, order: list[str]) -> tuple[str, int]:
+    """(seed id, variation number) of call ``call_index``: round-robin over ``order``."""
+    return order[call_index % len(order)], call_index // len(order)
 
 
 def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
@@ -91,42 +75,35 @@ def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
 
 
 class AmplifyStage(LLMStage):
+    """Call ``k`` (``call_index``) -> one new trajectory from the seed ``assign`` gives it."""
+
     name = "amplify"
     requires = ("call_index",)
 
     def __init__(
         self,
-        cfg: RecipeConfig,
+        settings: LLMStageSettings,
+        template: PromptTemplate,
         seeds: dict[str, str],
-        start: int = 0,
-        plan: tuple[list[str], dict[str, int]] | None = None,
+        order: list[str],
+        *,
+        world: GroundingWorld | None = None,
+        scenario_seed: int = 0,
     ):
-        assert cfg.llm is not None and cfg.amplify is not None
-        self.model = cfg.llm.model
-        self.sampling = dict(cfg.llm.sampling)
-        grounding = cfg.amplify.grounding
-        self.template = amplify_template(cfg, load_domain(cfg))
-        self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
-        self.scenario_seed = cfg.amplify.seed
+        self.template = template
+        self.world = world
+        self.scenario_seed = scenario_seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
-        self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})
-        self.backend = build_backend_for(cfg, self.model)
-        self.attach(cfg)
-        self.start = start
-
-    def check_columns(self, row: dict[str, Any]) -> None:
-        # Work items come straight from ``ray.data.range``: the round's row number
-        # arrives in ``id`` and becomes the global call index here (no extra operator).
-        if row.get("call_index") is None and isinstance(row.get("id"), int):
-            row["call_index"], row["id"] = self.start + row["id"], None
-        super().check_columns(row)
+        self.order = order
+        self.setup(settings)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
-        seed_id, variation = assign(int(row["call_index"]) - self.start, self.order, self.base)
+        k = int(row["call_index"])
+        seed_id, variation = assign(k, self.order)
         row.update(seed_id=seed_id, source=f"{seed_id}#{variation}")
         extra = {}
         if self.world is not None:  # the slice of the world this call must use
-            scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
+            scenario = self.world.scenario(k, self.scenario_seed)
             extra["scenario_json"] = render_scenario(scenario)
         prompt = self.template.render(self.seeds[seed_id], variation=variation, **extra)
         request = render(
@@ -137,9 +114,16 @@ class AmplifyStage(LLMStage):
 
 
 def build_amplify(
-    cfg: RecipeConfig,
-    seeds: dict[str, str],
-    start: int = 0,
-    plan: tuple[list[str], dict[str, int]] | None = None,
+    cfg: RecipeConfig, settings: LLMStageSettings, seeds: dict[str, str], order: list[str]
 ) -> AmplifyStage:
-    return AmplifyStage(cfg, seeds, start, plan)
+    """Inside an actor: the amplification stage of ``cfg`` over the kept ``seeds``."""
+    assert cfg.amplify is not None
+    grounding = cfg.amplify.grounding
+    return AmplifyStage(
+        settings,
+        amplify_template(cfg, load_domain(cfg)),
+        seeds,
+        order,
+        world=grounding_world(grounding, cfg.domain.name) if grounding else None,
+        scenario_seed=cfg.amplify.seed,
+    )

@@ -1,19 +1,19 @@
-"""Stage plumbing: the row shape every stage reads and writes, and the batch adapter.
+"""Stage plumbing: the row shape every stage reads and writes, and the per-row guard.
 
 A stage is a pure function over one row (``process``), or for LLM stages an
-async one (``aprocess``). ``StageUDF`` does the Ray Data plumbing once for all
-of them (the idea of Ray's ``StatefulStageUDF``): it turns an Arrow batch into
-rows, checks the stage's required columns (a missing one is an error naming
-the stage and key), passes rows that earlier stages rejected or failed
-through untouched, turns an unexpected exception on one row into a failed
-row (``Type: message``), and returns exactly one output row per input row in a
-fixed Arrow schema. Failures are data: nothing is dropped here.
+async one (``aprocess``). ``Stage.run_one`` does the plumbing once for all of
+them (the idea of Ray's ``StatefulStageUDF``): it checks the stage's required
+columns (a missing one is an error naming the stage and key), passes rows that
+earlier stages rejected or failed through untouched, and turns an unexpected
+exception on one row into a failed row (``Type: message``). A stage returns
+its row, or a list of rows (one input may make several: an episode's steps).
+Failures are data: nothing is dropped here. The worker
+(``factory.engine.worker``) runs chains of stages over work items.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from abc import ABC
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -28,7 +28,7 @@ __all__ = [
     "REJECTED",
     "ROW_SCHEMA",
     "Stage",
-    "StageUDF",
+    "StageSpec",
     "fail",
     "make_row",
     "reject",
@@ -57,6 +57,8 @@ ROW_SCHEMA = pa.schema(
         ("usage", pa.string()),  # token usage JSON
         ("cost_usd", pa.float64()),
         ("attempts", pa.int64()),  # attempts that reached the wire
+        ("calls", pa.int64()),  # requests this row sent (cache replays are not calls)
+        ("llm_stage", pa.string()),  # the LLM stage whose call the usage and cost are
         ("retries", pa.string()),  # retried attempts / requests by reason (JSON)
         ("latency_s", pa.float64()),
         ("endpoint", pa.string()),
@@ -114,6 +116,8 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
 
     name: ClassVar[str] = "stage"
     requires: ClassVar[tuple[str, ...]] = ("record",)
+    #: Set by the worker: why no new LLM request may start now (a stop), or None.
+    admission: Callable[[], str | None] | None = None
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -123,6 +127,10 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stages hold nothing
         """Release what the stage holds (HTTP sessions); called when its actor ends."""
+
+    async def aclose(self) -> None:
+        """``close`` from the worker's event loop (LLM stages close their sessions there)."""
+        self.close()
 
     @property
     def is_async(self) -> bool:
@@ -152,9 +160,10 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
             out = self.process(row)
         except Exception as exc:
             return self._guard(row, exc)
-        out.setdefault("stage", self.name)
-        if out.get("status") == OK:
-            out["stage"] = self.name
+        for one in out if isinstance(out, list) else [out]:
+            one.setdefault("stage", self.name)
+            if one.get("status") == OK:
+                one["stage"] = self.name
         return out
 
     async def arun_one(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -170,10 +179,14 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
         return out
 
     def run_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Sync entry point over a list of rows (used by tests and the local runner)."""
+        """Sync entry point over a list of rows (tests, batched chains, the dry run)."""
         if self.is_async:
             return asyncio.run(self.arun_rows(rows))
-        return [self.run_one(r) for r in rows]
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            result = self.run_one(row)
+            out.extend(result if isinstance(result, list) else [result])
+        return out
 
     async def arun_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """All rows of a batch concurrently; the stage's own client bounds concurrency."""
@@ -181,48 +194,3 @@ class Stage(ABC):  # noqa: B024 - subclasses implement one of process / aprocess
 
 
 StageSpec = tuple[Callable[..., Stage], tuple[Any, ...]]
-
-
-def _rows(batch: pa.Table) -> list[dict[str, Any]]:
-    """Rows with every column; a source without a status (a range read) starts ok."""
-    return [{**dict.fromkeys(COLUMNS), "status": OK, **r} for r in batch.to_pylist()]
-
-
-class StageUDF:
-    """Ray Data callable class around a chain of stages, built once per actor.
-
-    Each spec is ``(build, args)``; ``build(*args)`` runs inside the actor, so
-    clients, compiled schemas and templates are created there, not pickled from
-    the driver. Chaining stages in one actor (amplify, then postprocess) saves
-    a serialisation hop per row; each stage stays its own module and function.
-    """
-
-    def __init__(self, specs: list[StageSpec]):
-        from factory.engine import watchdog
-
-        watchdog.start()  # stop calling and exit when the run's driver is gone
-        self.stages: list[Stage] = [build(*args) for build, args in specs]
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = _rows(batch)
-        for stage in self.stages:
-            rows = stage.run_rows(rows)
-        return rows_to_table(rows)
-
-    def __del__(self) -> None:  # Ray Data calls this when the actor shuts down gracefully
-        for stage in getattr(self, "stages", []):
-            with contextlib.suppress(Exception):  # best effort at shutdown
-                stage.close()
-
-
-class AsyncStageUDF(StageUDF):
-    """The async variant: Ray Data runs several batches of one actor concurrently."""
-
-    async def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = _rows(batch)
-        for stage in self.stages:
-            if stage.is_async:
-                rows = await stage.arun_rows(rows)
-            else:  # CPU work off the event loop, so responses of other batches keep flowing
-                rows = await asyncio.to_thread(stage.run_rows, rows)
-        return rows_to_table(rows)

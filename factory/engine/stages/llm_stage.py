@@ -5,11 +5,13 @@ A stage renders each row's request (the prompt messages and the request id: pure
 aiohttp, openai, or a plug-in; online backends get each request inside a
 concurrency slot, batched ones all waiting requests at once through
 ``factory.llm.batcher``), and the answer is recorded (``LLMStage.call``: stored in
-the response cache before anything else can fail, counted against the budget,
-usage, cost and retries written on the row by the pure ``record_completion`` /
-``record_failure``). A stage never names a backend: adding one touches none of
-the files here, as Ray Data LLM's processors chain a new engine stage between
-the same tokenize and detokenize stages.
+the response cache before anything else can fail; usage, cost, calls and retries
+written on the row by the pure ``record_completion`` / ``record_failure``, which the
+driver's ledger sums and checks against the budget caps). Whether a request may go
+out at all is the driver's word, passed in as the stage's ``admission``. A stage
+never names a backend: adding one touches none of the files here, as Ray Data
+LLM's processors chain a new engine stage between the same tokenize and
+detokenize stages.
 """
 
 from __future__ import annotations
@@ -20,27 +22,24 @@ import contextvars
 import dataclasses
 import hashlib
 import json
-import math
 from collections import Counter
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.trajectory import canonical_json
 from factory.engine import watchdog
 from factory.engine.prompts import estimate_tokens
+from factory.engine.settings import LLMStageSettings
 from factory.engine.stages.base import UNISSUED, Stage, fail
 from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.io.runstate import BatchJournal
-from factory.llm import Completion, PriceTable
+from factory.llm import Completion
 from factory.llm.backends import (
     Backend,
     LLMRequest,
     OnlineBackend,
     build_backend,
-    get_backend,
 )
 from factory.llm.batcher import Batcher
 from factory.llm.pricing import Price, cost
@@ -50,67 +49,32 @@ __all__ = [
     "LLMStage",
     "build_backend_for",
     "build_client",
-    "per_actor_concurrency",
     "record_completion",
     "record_failure",
+    "refuse",
     "render",
     "request_id",
     "reservation",
 ]
 
-
-def open_cache(cfg: RecipeConfig) -> ResponseCache | None:
-    """The run's response cache (default ``OUTPUT/cache``), or None when disabled."""
-    if not cfg.cache.enabled:
-        return None
-    location = cfg.cache.path or str(Path(cfg.output.dir) / "cache")
-    return ResponseCache(location)
+CAPS = ("max_calls", "max_cost_usd", "max_tokens")
 
 
-def budget_name(cfg: RecipeConfig) -> str:
-    """Name of the run's budget actor (one per output folder)."""
-    digest = hashlib.sha256(str(Path(cfg.output.dir).resolve()).encode()).hexdigest()[:12]
-    return f"factory-budget-{digest}"
-
-
-def find_budget(cfg: RecipeConfig) -> Any:
-    """The run's budget actor, or None when the recipe sets no cap."""
-    amp = cfg.amplify
-    if amp is None or (
-        amp.max_cost_usd is None and amp.max_tokens is None and amp.max_calls is None
-    ):
-        return None
-    import ray
-
-    return ray.get_actor(budget_name(cfg))
-
-
-def per_actor_concurrency(cfg: RecipeConfig) -> int:
-    """Per-actor limit such that all actors together respect ``llm.concurrency``."""
-    assert cfg.llm is not None
-    return max(
-        1, min(cfg.llm.per_actor_concurrency, math.ceil(cfg.llm.concurrency / cfg.ray.actors))
-    )
-
-
-def build_backend_for(cfg: RecipeConfig, model: str) -> Backend:
-    """The backend ``llm.backend`` names, for ``model`` (one per actor).
+def build_backend_for(settings: LLMStageSettings) -> Backend:
+    """The backend ``llm.backend`` names, for one stage's model (one per actor).
 
     Raises:
         ConfigError: an unknown backend (naming the choices), bad ``llm.backend_options``,
             bad sampling options, a missing key (naming its variable).
     """
-    assert cfg.llm is not None
-    prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
-    batched = get_backend(cfg.llm.backend).batched
     return build_backend(
-        cfg.llm,
-        model,
-        concurrency=per_actor_concurrency(cfg),
+        settings.llm,
+        settings.model,
+        concurrency=settings.slots,
         # A batch API bills its own (Batch-tier) price: cost and budget count that one.
-        price=prices.lookup_batch(model) if batched else prices.lookup(model),
+        price=settings.price,
         sleep=wait_without_slot,  # no retry once the run's driver is gone
-        batch_journal=BatchJournal(Path(cfg.output.dir)) if batched else None,
+        batch_journal=BatchJournal(settings.out_dir) if settings.batched else None,
     )
 
 
@@ -132,16 +96,16 @@ def reservation(
     return cost(usage, price), prompt + output
 
 
-def build_client(cfg: RecipeConfig, model: str) -> OnlineBackend:
-    """An online backend for ``model``: one request at a time (``factory.evaluate``).
+def build_client(settings: LLMStageSettings) -> OnlineBackend:
+    """An online backend for one stage's model: one request at a time (``factory.evaluate``).
 
     Raises:
         ConfigError: as ``build_backend_for``, or the backend only takes batches.
     """
-    backend = build_backend_for(cfg, model)
+    backend = build_backend_for(settings)
     if not isinstance(backend, OnlineBackend):
         raise ConfigError(
-            f"backend {cfg.llm.backend if cfg.llm else ''!r} only takes batches; choose an "
+            f"backend {settings.llm.backend!r} only takes batches; choose an "
             "online one (aiohttp, openai) for this command",
             key_path="llm.backend",
         )
@@ -212,16 +176,18 @@ def redacted(c: Completion) -> Completion:
     )
 
 
-def record_completion(row: dict[str, Any], c: Completion, *, cached: bool) -> None:
+def record_completion(row: dict[str, Any], c: Completion, *, cached: bool, stage: str) -> None:
     """Write an answer on its row: text, usage, cost, attempts, provenance (pure).
 
-    ``cached_responses`` and ``paid_usd`` add up over the row's requests (a judge may
-    ask again); a replayed answer was paid by an earlier run, so it adds no spend and
-    no retries.
+    ``cached_responses``, ``paid_usd`` and ``calls`` add up over the row's requests (a
+    judge may ask again); a replayed answer was paid by an earlier run, so it adds no
+    spend, no call and no retries. ``llm_stage`` says whose call the usage is (the
+    run's ledger counts tokens and cost per stage).
     """
     row["cached"] = cached
     row["cached_responses"] = (row.get("cached_responses") or 0) + int(cached)
     row["paid_usd"] = (row.get("paid_usd") or 0.0) + (0.0 if cached else c.cost_usd)
+    row["calls"] = (row.get("calls") or 0) + int(not cached)
     row.update(
         completion=c.text,
         usage=json.dumps(usage_record(c)),
@@ -230,6 +196,7 @@ def record_completion(row: dict[str, Any], c: Completion, *, cached: bool) -> No
         latency_s=c.latency_s,
         endpoint=c.endpoint,
         fingerprint=c.system_fingerprint,
+        llm_stage=stage,
     )
     if not cached:
         add_retries(row, c.retries)
@@ -239,11 +206,23 @@ def record_failure(row: dict[str, Any], stage: str, exc: LLMError) -> None:
     """Write a request that failed after its retries on its row (pure): ``failed``, or
     ``unissued`` when it was never sent (no endpoint took it: a resume sends it)."""
     row["attempts"] = getattr(exc, "attempts", None)
+    row["llm_stage"] = stage
     add_retries(row, getattr(exc, "retries", None))
     if isinstance(exc, LLMUnavailable):
         row.update(status=UNISSUED, stage=stage, reason=exc.reason, message=exc.describe())
     else:
+        row["calls"] = (row.get("calls") or 0) + int(bool(getattr(exc, "attempts", 0)))
         fail(row, stage, exc.reason, exc.describe())
+
+
+def refuse(row: dict[str, Any], stage: str, why: str) -> None:
+    """Mark a row whose request was never sent: ``unissued`` with the stop's reason
+    (a cap's name becomes reason ``budget``)."""
+    if why in CAPS:
+        reason, message = "budget", f"a budget cap ({why}) was reached before this call started"
+    else:
+        reason, message = why, f"not sent: the run stopped issuing calls ({why})"
+    row.update(status=UNISSUED, stage=stage, reason=reason, message=message, llm_stage=stage)
 
 
 class _Slot:
@@ -288,33 +267,28 @@ async def wait_without_slot(delay: float) -> None:
 
 
 class LLMStage(Stage):
-    """Base of stages that make LLM calls for their rows (render, then ``call``)."""
+    """Base of stages that make LLM calls for their rows (render, then ``call``).
+
+    A subclass builds its prompt and calls ``setup(settings)`` in its constructor.
+    """
 
     backend: Backend
+    settings: LLMStageSettings
     cache: ResponseCache | None = None
-    budget: Any = None  # the run's BudgetActor handle, when the recipe has caps
     slots: int = 1
     _slots: asyncio.Semaphore | None = None
     _batcher: Batcher | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cache_error: str | None = None  # set by the first failed cache write: no new call starts
-    #: Batched backends: (Batch-tier price, max output tokens) to reserve budget with.
-    _reserve_basis: tuple[Price | None, int | None] | None = None
 
-    def attach(self, cfg: RecipeConfig) -> None:
-        """Open this actor's view of the run's response cache and find its budget actor."""
-        self.cache = open_cache(cfg)
-        self.budget = find_budget(cfg)
-        self.slots = per_actor_concurrency(cfg)
-        if self.backend.batched and self.budget is not None:
-            assert cfg.llm is not None
-            prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
-            sampling = cfg.llm.sampling
-            max_output = sampling.get("max_completion_tokens") or sampling.get("max_tokens")
-            self._reserve_basis = (
-                prices.lookup_batch(self.backend.model),
-                int(max_output) if max_output else None,
-            )
+    def setup(self, settings: LLMStageSettings) -> None:
+        """Build this actor's backend and open its view of the run's response cache."""
+        self.settings = settings
+        self.model = settings.model
+        self.sampling = dict(settings.sampling)
+        self.backend = build_backend_for(settings)
+        self.cache = ResponseCache(settings.cache) if settings.cache else None
+        self.slots = settings.slots
 
     def close(self) -> None:
         """Close the cache and the backend's sessions (on the loop that opened them)."""
@@ -322,9 +296,15 @@ class LLMStage(Stage):
             self.cache.close()
         loop = self._loop
         if loop is not None and loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._aclose(), loop).result(timeout=5)
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._aclose(), loop).result(timeout=5)
         elif loop is None or loop.is_closed():
             asyncio.run(self._aclose())
+
+    async def aclose(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+        await self._aclose()
 
     async def _aclose(self) -> None:
         if self._batcher is not None:
@@ -347,12 +327,6 @@ class LLMStage(Stage):
 
         return list(await asyncio.gather(*(one(r) for r in rows)))
 
-    async def _spend(self, c: Completion, reserved: tuple[float, int] = (0.0, 0)) -> None:
-        if self.budget is not None:
-            usage = usage_record(c)
-            tokens = usage["prompt_tokens"] + usage["completion_tokens"]
-            await self.budget.finish.remote(c.cost_usd, tokens, reserved)
-
     def _store(self, row: dict[str, Any], rid: str, c: Completion) -> None:
         """Put the paid response in the cache. If the cache refuses (disk full,
         read-only), the response rides on the row (``unstored``) to the driver, which
@@ -370,11 +344,10 @@ class LLMStage(Stage):
                 {"request_id": rid, "record": record, "error": self._cache_error}
             )
 
-    async def _admit(self, row: dict[str, Any], reserved: tuple[float, int] = (0.0, 0)) -> bool:
+    def _admit(self, row: dict[str, Any]) -> bool:
         """May a new request start? Not when the driver is gone, the cache refused a
-        write (its answer could not be stored) or a budget cap is reached (or, for a
-        batched request, would be crossed by its ``reserved`` estimate); then the row
-        is ``unissued``. A request is counted against the caps only when it starts."""
+        write (its answer could not be stored) or the driver stopped issuing (a budget
+        cap, the target reached); then the row is ``unissued``."""
         watchdog.check()  # the driver is gone: no new request
         if self._cache_error is not None:
             row.update(
@@ -384,31 +357,19 @@ class LLMStage(Stage):
                 message=f"not sent: the cache refused a write ({self._cache_error})",
             )
             return False
-        if self.budget is not None and not await self.budget.try_start.remote(*reserved):
-            row.update(
-                status=UNISSUED,
-                stage=self.name,
-                reason="budget",
-                message="a budget cap was reached before this call started",
-            )
+        why = self.admission() if self.admission is not None else None
+        if why is not None:
+            refuse(row, self.name, why)
             return False
         return True
 
     async def _send(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
-        """Admit, send and keep one request: the answer is stored and spent before it is
+        """Admit, send and keep one request: the answer is stored before it is
         returned; None when the row did not get one (unissued or failed)."""
-        reserved = (0.0, 0)
-        if self._reserve_basis is not None:
-            reserved = reservation(request, *self._reserve_basis)
-        if not await self._admit(row, reserved):
+        if not self._admit(row):
             return None
         if self._batcher is not None:
-            try:
-                result = await self._batcher.submit(request)
-            except BaseException:
-                with contextlib.suppress(Exception):  # the original error is what matters
-                    await self._release(reserved)
-                raise
+            result = await self._batcher.submit(request)
         else:
             results = [r async for r in self.backend.run([request])]
             if len(results) != 1 or results[0].request_id != request.request_id:
@@ -418,26 +379,19 @@ class LLMStage(Stage):
                 )
             result = results[0]
         if result.error is not None:
-            await self._release(reserved)
             record_failure(row, self.name, result.error)
             return None
         assert result.completion is not None
         c = redacted(result.completion)
         if self.cache is not None:  # persisted before anything else can go wrong
             self._store(row, request.request_id, c)
-        await self._spend(c, reserved)  # (online: inside the slot: the next call sees it)
         return c
-
-    async def _release(self, reserved: tuple[float, int]) -> None:
-        """Give back a batched request's reservation: it got no answer, so no bill."""
-        if self.budget is not None and reserved != (0.0, 0):
-            await self.budget.release.remote(*reserved)
 
     async def call(self, row: dict[str, Any], request: LLMRequest) -> Completion | None:
         """Make the request (or replay it from the cache) and record it on ``row``.
 
         Returns None when the row failed (after retries) or the call was never started
-        (status ``unissued``: a budget cap, a refused cache write, no endpoint).
+        (status ``unissued``: a stop, a refused cache write, no endpoint).
         """
         self._loop = asyncio.get_running_loop()
         watchdog.note_loop(self._loop)
@@ -446,14 +400,14 @@ class LLMStage(Stage):
         if record is not None:
             c: Completion | None = completion_from_record(record)
             assert c is not None
-            await self._spend(c)  # paid by an earlier run; counts towards the caps
-            record_completion(row, c, cached=True)
+            record_completion(row, c, cached=True, stage=self.name)
             return c
         if self.backend.batched:
             c = await self._send(row, request)
         else:
-            # Take a concurrency slot first, then ask the budget: at most the calls in
-            # flight can overshoot a cap.
+            # A concurrency slot first, then the admission: a request refused by a stop
+            # never waited for a slot it did not need, and at most the requests in the
+            # slots go out after a stop.
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.slots)
             slot = _Slot(self._slots)
@@ -465,5 +419,5 @@ class LLMStage(Stage):
                 slot.give_back()
                 _ROW_SLOT.reset(token)
         if c is not None:
-            record_completion(row, c, cached=False)
+            record_completion(row, c, cached=False, stage=self.name)
         return c

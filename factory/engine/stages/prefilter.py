@@ -21,13 +21,9 @@ from factory.config import RecipeConfig
 from factory.core.repair import parse_json_value
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
+from factory.engine.settings import LLMStageSettings
 from factory.engine.stages.base import fail, reject
-from factory.engine.stages.llm_stage import (
-    LLMStage,
-    add_retries,
-    build_backend_for,
-    render,
-)
+from factory.engine.stages.llm_stage import LLMStage, add_retries, render
 from factory.envs.pack import load_domain
 from factory.errors import RepairError
 
@@ -54,16 +50,12 @@ class PrefilterStage(LLMStage):
     requires = ("record",)
     verdict_requests: int = 3
 
-    def __init__(self, cfg: RecipeConfig):
-        assert cfg.llm is not None
-        self.model = cfg.prefilter.model or cfg.llm.model
-        self.sampling = dict(cfg.llm.sampling)
-        self.template = PromptTemplate(
-            cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"
-        )
-        self.verdict_requests = cfg.prefilter.verdict_requests
-        self.backend = build_backend_for(cfg, self.model)
-        self.attach(cfg)
+    def __init__(
+        self, settings: LLMStageSettings, template: PromptTemplate, verdict_requests: int = 3
+    ):
+        self.template = template
+        self.verdict_requests = verdict_requests
+        self.setup(settings)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
         traj = Trajectory.from_json(row["record"])
@@ -100,5 +92,9 @@ class PrefilterStage(LLMStage):
         return row
 
 
-def build_prefilter(cfg: RecipeConfig) -> PrefilterStage:
-    return PrefilterStage(cfg)
+def build_prefilter(cfg: RecipeConfig, settings: LLMStageSettings) -> PrefilterStage:
+    """Inside an actor: the judge of ``cfg`` (its template over the recipe's domain)."""
+    template = PromptTemplate(
+        cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"
+    )
+    return PrefilterStage(settings, template, cfg.prefilter.verdict_requests)

@@ -73,5 +73,9 @@ class ClientBackend(OnlineBackend):
     def totals(self) -> Mapping[str, float]:
         return self.client.totals()
 
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint: answers, failures, waiting requests (``EndpointPool.health``)."""
+        return self.client.pool.health()
+
     async def aclose(self) -> None:
         await self.client.aclose()

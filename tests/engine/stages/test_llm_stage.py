@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
+from factory.config import load_recipe
 from factory.engine.stages import llm_stage
 from factory.engine.stages.llm_stage import _ROW_SLOT, _Slot, wait_without_slot
+from tests.conftest import ROOT
 
 
 def test_a_waiting_row_lends_its_slot_and_takes_one_back(
@@ -96,3 +98,36 @@ def test_a_cancelled_wait_never_gives_a_slot_back_twice(monkeypatch: pytest.Monk
         return semaphore._value
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_request_ids_are_stable_and_change_only_with_their_template(tmp_path) -> None:
+    import shutil
+
+    from factory.core.formats import parse_record
+    from factory.engine.prompts import PromptTemplate
+    from factory.engine.stages.llm_stage import request_id
+    from factory.envs.pack import load_domain
+
+    cfg = load_recipe(ROOT / "pipelines/airline.yaml")
+    domain = load_domain(cfg)
+    seed = parse_record(
+        __import__("json").loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0]),
+        source="s:0",
+    )
+
+    def ids(folder) -> tuple[str, str]:
+        amp = PromptTemplate(folder / "amplify.j2", domain).render(seed, variation=3)
+        judge = PromptTemplate(folder / "prefilter.j2", domain).render(seed)
+        return (
+            request_id("amplify", "m", {"t": 1}, amp.messages, seed=seed.id, variation=3),
+            request_id("prefilter", "m", {"t": 1}, judge.messages, seed=seed.id),
+        )
+
+    shutil.copy(ROOT / "prompts/amplify.j2", tmp_path / "amplify.j2")
+    shutil.copy(ROOT / "prompts/prefilter.j2", tmp_path / "prefilter.j2")
+    first = ids(tmp_path)
+    assert ids(tmp_path) == first  # same content, same ids
+    text = (tmp_path / "amplify.j2").read_text().replace("ONE new", "one new")
+    (tmp_path / "amplify.j2").write_text(text)
+    changed = ids(tmp_path)
+    assert changed[0] != first[0] and changed[1] == first[1]  # only the amplify ids moved

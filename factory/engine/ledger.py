@@ -1,0 +1,304 @@
+"""One ledger per run: what every stage spent, what it decided, what it left unissued.
+
+Why one object on the driver: tokens, cost, the budget caps, unissued and failed
+calls and the run's time series were kept by three job functions each in their own
+way (``judge_tokens``, ``amplify_tokens``, a hand-built ``by_stage``) and by a
+budget actor every LLM request had to ask. Now every result a worker sends back is
+counted here the moment it arrives (``arrived``: spend, calls, retries per LLM
+stage, so a cap stops new work at once), every row's fate when the driver uses it
+(``decided``: accepted, surplus, rejected, failed per deciding stage), and the
+manifest's accounting sections come from ``manifest_fields``. Pure: no Ray, no I/O.
+
+Caps (``max_cost_usd``, ``max_tokens``, ``max_calls``) count every stage, cached
+replays included (a cap bounds the total spend behind one output folder, across
+resumes). ``admit`` says how many more LLM items may go out now: ``max_calls`` is
+exact (items in flight count as calls until they come back), money and tokens may
+be overshot by what the requests in flight cost, as with any provider. A batched
+backend reserves an estimate per item until its answer settles it, since a batch
+API answers hours later.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from factory.engine.stages.base import FAILED, UNISSUED
+from factory.engine.work import ItemResult
+
+__all__ = ["CAPS", "TIMELINE_COLUMNS", "Caps", "Ledger", "StageSpend"]
+
+CAPS = ("max_calls", "max_cost_usd", "max_tokens")
+# The run's time series (manifest ``timeline``, plotted by the run report): one point per
+# TIMELINE_EVERY_S at most, halved in resolution whenever it passes TIMELINE_MAX points,
+# so a day-long run keeps a few kB.
+TIMELINE_COLUMNS = (
+    "seconds",
+    "total",
+    "accepted",
+    "cost_usd",
+    "paid_usd",
+    "responses_from_cache",
+    "results",
+)
+TIMELINE_EVERY_S = 1.0
+TIMELINE_MAX = 400
+
+
+@dataclass(frozen=True)
+class Caps:
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    max_calls: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.max_cost_usd, self.max_tokens, self.max_calls))
+
+
+@dataclass
+class StageSpend:
+    """What one LLM stage spent: tokens, cost (whoever paid), what this run paid."""
+
+    tokens: Counter[str] = field(default_factory=Counter)
+    cost_usd: float = 0.0
+    paid_usd: float = 0.0
+    calls: int = 0  # requests sent by this run (cache replays are not calls)
+    replayed: int = 0  # responses answered from the cache
+    retries: Counter[str] = field(default_factory=Counter)
+    failed: int = 0
+    unissued: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": dict(self.tokens),
+            "cost_usd": round(self.cost_usd, 6),
+            "cost_usd_paid_this_run": round(self.paid_usd, 6),
+            "calls": self.calls,
+            "responses_from_cache": self.replayed,
+            "retries": dict(sorted(self.retries.items())),
+            "failed": self.failed,
+            "unissued": self.unissued,
+        }
+
+
+class Ledger:
+    """The run's accounts (see the module docstring)."""
+
+    def __init__(self, caps: Caps | None = None, *, started: float | None = None) -> None:
+        self.caps = caps or Caps()
+        self.started = time.time() if started is None else started
+        self.spend: dict[str, StageSpend] = defaultdict(StageSpend)
+        self.decisions: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> kind counts
+        self.reasons: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> reason codes
+        self.kinds: Counter[str] = Counter()  # accepted / surplus / rejected / failed totals
+        self.results = 0  # items whose results arrived (any order): what progress counts
+        self.rows_arrived = 0
+        self.stopped_by: str | None = None
+        self.reserved_usd = 0.0
+        self.reserved_tokens = 0
+        self.last_success: float | None = None  # a completed LLM answer (wall clock)
+        self.timeline: list[list[float]] = []
+        self._timeline_every = TIMELINE_EVERY_S
+        self._timeline_last = 0.0
+
+    # -- totals ---------------------------------------------------------------------------
+    @property
+    def cost_usd(self) -> float:
+        return sum(s.cost_usd for s in self.spend.values())
+
+    @property
+    def paid_usd(self) -> float:
+        return sum(s.paid_usd for s in self.spend.values())
+
+    @property
+    def calls(self) -> int:
+        return sum(s.calls for s in self.spend.values())
+
+    @property
+    def replayed(self) -> int:
+        return sum(s.replayed for s in self.spend.values())
+
+    @property
+    def tokens(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for s in self.spend.values():
+            total.update(s.tokens)
+        return total
+
+    @property
+    def run_tokens(self) -> int:
+        """Prompt + completion tokens (cached tokens are part of the prompt's)."""
+        t = self.tokens
+        return t["prompt_tokens"] + t["completion_tokens"]
+
+    @property
+    def unissued(self) -> int:
+        return sum(s.unissued for s in self.spend.values())
+
+    @property
+    def accepted(self) -> int:
+        return self.kinds["accepted"]
+
+    @property
+    def total(self) -> int:
+        return sum(self.kinds.values())
+
+    # -- arrivals (any order) -------------------------------------------------------------
+    def arrived(self, result: ItemResult, *, reserved: tuple[float, int] = (0.0, 0)) -> None:
+        """Count what one item's rows spent (they may still be rejected later)."""
+        self.results += 1
+        self.release(*reserved)
+        for row in result.rows:
+            self.rows_arrived += 1
+            stage = row.get("llm_stage")
+            if not stage:
+                continue
+            spend = self.spend[stage]
+            if row.get("usage"):
+                usage = json.loads(row["usage"])
+                for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                    spend.tokens[key] += int(usage.get(key) or 0)
+            spend.cost_usd += float(row.get("cost_usd") or 0.0)
+            spend.paid_usd += float(row.get("paid_usd") or 0.0)
+            spend.replayed += int(row.get("cached_responses") or 0)
+            spend.calls += int(row.get("calls") or 0)
+            if row.get("retries"):
+                spend.retries.update(json.loads(row["retries"]))
+            status = row.get("status")
+            if status == UNISSUED:
+                spend.unissued += 1
+            elif status == FAILED and row.get("stage") == stage:
+                spend.failed += 1
+            if row.get("completion") or row.get("output") or row.get("verdict"):
+                self.last_success = time.time()
+        self.sample()
+
+    # -- decisions (in order) -------------------------------------------------------------
+    def decided(self, row: dict[str, Any], kind: str) -> None:
+        """Count one row's fate: ``kind`` accepted / surplus / rejected / failed, by the
+        stage that decided it (``row["stage"]``), with its reason when not accepted."""
+        stage = row.get("stage") or "?"
+        self.decisions[stage][kind] += 1
+        self.kinds[kind] += 1
+        if kind in ("rejected", "failed"):
+            self.reasons[stage][row.get("reason") or "unknown"] += 1
+
+    # -- the budget -----------------------------------------------------------------------
+    def exhausted(self) -> str | None:
+        """The first cap reached (spend and reservations count), or None."""
+        c = self.caps
+        if c.max_cost_usd is not None and self.cost_usd + self.reserved_usd >= c.max_cost_usd:
+            return "max_cost_usd"
+        if c.max_tokens is not None and self.run_tokens + self.reserved_tokens >= c.max_tokens:
+            return "max_tokens"
+        if c.max_calls is not None and self.calls >= c.max_calls:
+            return "max_calls"
+        return None
+
+    def allowance(self, wanted: int, in_flight: int, estimate: tuple[float, int] = (0.0, 0)) -> int:
+        """How many of ``wanted`` LLM items may go out now, with ``in_flight`` out already.
+
+        ``estimate``: (cost, tokens) one item reserves (a batched backend), or zeros.
+        Sets ``stopped_by`` when a cap leaves no room and nothing is in flight.
+        """
+        cap = self.exhausted()
+        if cap is not None:
+            self.stopped_by = self.stopped_by or cap
+            return 0
+        n = wanted
+        if self.caps.max_calls is not None:
+            n = min(n, self.caps.max_calls - self.calls - in_flight)
+        cost, tokens = estimate
+        if cost > 0 and self.caps.max_cost_usd is not None:
+            left = self.caps.max_cost_usd - self.cost_usd - self.reserved_usd
+            n = min(n, int(left // cost))
+        if tokens > 0 and self.caps.max_tokens is not None:
+            left_t = self.caps.max_tokens - self.run_tokens - self.reserved_tokens
+            n = min(n, int(left_t // tokens))
+        n = max(0, n)
+        if n == 0 and in_flight == 0 and wanted > 0:
+            self.stopped_by = self.stopped_by or self._binding_cap(estimate)
+        return n
+
+    def reserve(self, n: int, estimate: tuple[float, int]) -> None:
+        """Reserve ``estimate`` for each of ``n`` LLM items sent out."""
+        self.reserved_usd += n * estimate[0]
+        self.reserved_tokens += n * estimate[1]
+
+    def _binding_cap(self, estimate: tuple[float, int]) -> str:
+        if self.caps.max_calls is not None and self.calls >= self.caps.max_calls:
+            return "max_calls"
+        if estimate[0] > 0 and self.caps.max_cost_usd is not None:
+            return "max_cost_usd"
+        if estimate[1] > 0 and self.caps.max_tokens is not None:
+            return "max_tokens"
+        return "max_calls"
+
+    def release(self, cost: float = 0.0, tokens: int = 0) -> None:
+        """Give back an item's reservation (its spend is counted from its rows)."""
+        self.reserved_usd = max(0.0, self.reserved_usd - cost)
+        self.reserved_tokens = max(0, self.reserved_tokens - tokens)
+
+    def budget(self) -> dict[str, Any] | None:
+        """The manifest's ``budget`` section: the caps and what counted against them."""
+        if not self.caps.any():
+            return None
+        return {
+            "max_cost_usd": self.caps.max_cost_usd,
+            "max_tokens": self.caps.max_tokens,
+            "max_calls": self.caps.max_calls,
+            "cost_usd": round(self.cost_usd, 6),
+            "tokens": self.run_tokens,
+            "calls": self.calls,
+            "stopped_by": self.stopped_by,
+        }
+
+    # -- time series ----------------------------------------------------------------------
+    def sample(self, *, force: bool = False) -> None:
+        """Add a point to the time series (throughput and cost over time)."""
+        now = time.time()
+        if not force and now - self._timeline_last < self._timeline_every:
+            return
+        self._timeline_last = now
+        point: list[float] = [round(now - self.started, 3), self.total, self.accepted]
+        point += [round(self.cost_usd, 6), round(self.paid_usd, 6), self.replayed, self.results]
+        self.timeline.append(point)
+        if len(self.timeline) > TIMELINE_MAX:
+            self.timeline = self.timeline[1::2]
+            self._timeline_every *= 2
+
+    # -- the manifest ---------------------------------------------------------------------
+    def manifest_fields(self) -> dict[str, Any]:
+        """The manifest's accounting sections (counts by stage and reason are the
+        manifest's own ``stages`` / ``reasons``: see ``stages``)."""
+        self.sample(force=True)
+        retries: Counter[str] = Counter()
+        for s in self.spend.values():
+            retries.update(s.retries)
+        return {
+            "tokens": dict(self.tokens),
+            "cost_usd": round(self.cost_usd, 6),
+            "cost_usd_paid_this_run": round(self.paid_usd, 6),
+            "responses_from_cache": self.replayed,
+            "unissued": self.unissued,
+            "unissued_by_stage": {k: s.unissued for k, s in sorted(self.spend.items())},
+            "by_stage": {k: s.as_dict() for k, s in sorted(self.spend.items())},
+            "retries": dict(sorted(retries.items())),
+            "budget": self.budget(),
+            "timeline": {"columns": list(TIMELINE_COLUMNS), "points": self.timeline},
+        }
+
+    def stages(self) -> dict[str, dict[str, int]]:
+        return {s: dict(c) for s, c in self.decisions.items()}
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "accepted": self.kinds["accepted"],
+            "surplus": self.kinds["surplus"],
+            "rejected": self.kinds["rejected"],
+            "failed": self.kinds["failed"],
+        }

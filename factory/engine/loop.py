@@ -1,0 +1,211 @@
+"""The one driver loop every job runs: issue what the planner asks, use results in order.
+
+A job is a declaration (``Job``): the chains of stages its workers run, a
+``Planner`` that says what to issue next from what came back, and a ``Sink`` that
+files each final row (data, surplus, rejects, failed). ``drive`` runs it:
+
+1. while the workers have room, the ledger admits LLM items (budget caps) and the
+   planner issues items (``Planner.issue``);
+2. results come back as items finish (``Pool.poll``): each is counted at once
+   (``Ledger.arrived``: spend, calls, progress), a paid response the cache refused
+   is kept before anything else (``Sink.arrived``);
+3. results are *used* in item order (``Reorder``): the planner observes them (what
+   to issue next depends on the observed yield) and the sink files their rows, each
+   fate counted by the ledger (``Ledger.decided``);
+4. a cap reached, a refused cache write or the planner's own end stops issuing:
+   the workers refuse what they have not sent yet (``Pool.stop``), and the loop ends
+   when everything issued came back.
+
+There are no rounds: an item goes out the moment a slot frees, whatever the
+others are doing, and the planner stops issuing as soon as what is in flight is
+expected to be enough. No job writes a loop, an account or a manifest section of
+its own (``factory.engine.jobs``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from factory.engine.ledger import Ledger
+from factory.engine.pool import Pool
+from factory.engine.stages.base import StageSpec
+from factory.engine.work import Item, ItemResult, Reorder
+from factory.engine.worker import NOT_NEEDED
+
+__all__ = ["Bar", "Health", "Job", "Planner", "Sink", "drive"]
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # the longest the loop waits for a result before it looks around again
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One progress line: ``n`` of ``total`` (None: unknown) and what follows."""
+
+    name: str
+    n: int
+    total: int | None = None
+    postfix: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+
+class Planner(Protocol):
+    """What to issue next, from what came back (in order)."""
+
+    def issue(self, room: int, llm_room: int) -> list[Item]:
+        """Up to ``room`` items, at most ``llm_room`` of them making LLM calls, each the
+        next index of its stream; [] when nothing should go out now."""
+        ...
+
+    def observe(self, result: ItemResult) -> None:
+        """A result, in index order, after the sink filed its rows."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will be issued: the job has what it needs (or cannot get it)."""
+        ...
+
+    @property
+    def stopped_by(self) -> str | None:
+        """Why the job ended short of its goal (e.g. ``no_progress``), if it did."""
+        ...
+
+    def bars(self) -> list[Bar]:
+        """The progress lines to show now."""
+        ...
+
+
+class Sink(Protocol):
+    """Where final rows go."""
+
+    def arrived(self, result: ItemResult) -> None:
+        """A result came back (any order): keep what must not wait (unstored answers)."""
+        ...
+
+    def add(self, row: dict[str, Any]) -> str | None:
+        """File one row (in order; it may mark it: a duplicate becomes a reject of stage
+        ``dedup``); returns its fate: accepted, surplus, rejected, failed, or unissued
+        (never sent) or None (not a row of the totals: both counted apart)."""
+        ...
+
+    @property
+    def stop_reason(self) -> str | None:
+        """A reason to stop issuing at once (the cache refused a write), or None."""
+        ...
+
+
+class Progress(Protocol):
+    def show(self, bars: Sequence[Bar]) -> None: ...
+
+
+class Health(Protocol):
+    """Reads the workers' endpoint reports; says when to warn and when to give up."""
+
+    def report(self, reports: dict[int, dict[str, Any]], ledger: Ledger) -> str | None:
+        """Warnings go to the console; returns a stop reason when the run should end."""
+        ...
+
+
+@dataclass
+class Job:
+    """A job as a declaration: its chains, planner and sink (``factory.engine.jobs``)."""
+
+    name: str
+    chains: Mapping[str, Sequence[StageSpec]]
+    planner: Planner
+    sink: Sink
+    #: (cost, tokens) one LLM item reserves against the caps (a batched backend's
+    #: estimate; zeros for online backends, whose spend is counted as it comes).
+    reserve: tuple[float, int] = (0.0, 0)
+
+
+def drive(
+    job: Job,
+    pool: Pool,
+    ledger: Ledger,
+    *,
+    progress: Progress | None = None,
+    health: Health | None = None,
+    poll_s: float = POLL_S,
+) -> str | None:
+    """Run ``job`` on ``pool`` to its end; returns why it stopped short (a cap name,
+    ``cache_write``, the planner's or the health check's reason), or None."""
+    reorder = Reorder()
+    llm_keys: set[tuple[str, int]] = set()
+    stop: str | None = None
+    planner, sink = job.planner, job.sink
+    while True:
+        if stop is None:
+            stop = _stop_reason(ledger, sink)
+            if stop is not None:
+                pool.stop(stop)
+        if stop is None and not planner.finished:
+            room = pool.room()
+            if room > 0:
+                llm_room = ledger.allowance(room, len(llm_keys), job.reserve)
+                items = planner.issue(room, llm_room)
+                _check_admitted(items, llm_room)
+                for item in items:
+                    reorder.issue(item)
+                    if item.llm:
+                        llm_keys.add(item.key)
+                ledger.reserve(sum(1 for i in items if i.llm), job.reserve)
+                if items:
+                    pool.submit(items)
+                elif llm_room == 0 and ledger.stopped_by and not llm_keys:
+                    stop = ledger.stopped_by  # a cap leaves no room and nothing is out
+        if stop is None and planner.finished and reorder.pending():
+            pool.stop(NOT_NEEDED)  # started requests finish; the rest never go out
+            stop = NOT_NEEDED
+        if not reorder.pending() and (stop is not None or planner.finished):
+            break
+        results, reports = pool.poll(poll_s)
+        for result in results:
+            reserved = job.reserve if result.key in llm_keys else (0.0, 0)
+            llm_keys.discard(result.key)
+            ledger.arrived(result, reserved=reserved)
+            sink.arrived(result)
+            reorder.add(result)
+        for result in reorder.release():
+            for row in result.rows:
+                kind = sink.add(row)
+                if kind is not None and kind != "unissued":
+                    ledger.decided(row, kind)
+            planner.observe(result)
+        if health is not None and stop is None:
+            why = health.report(reports, ledger)
+            if why is not None:
+                stop = why
+                pool.stop(why)
+        if progress is not None:
+            progress.show(planner.bars())
+    if progress is not None:
+        progress.show([_done(b) for b in planner.bars()])
+    if stop == NOT_NEEDED:
+        pool.resume()
+        stop = None
+    return stop or planner.stopped_by
+
+
+def _stop_reason(ledger: Ledger, sink: Sink) -> str | None:
+    if sink.stop_reason is not None:
+        return sink.stop_reason
+    cap = ledger.exhausted()
+    if cap is not None:
+        ledger.stopped_by = ledger.stopped_by or cap
+    return cap
+
+
+def _check_admitted(items: list[Item], llm_room: int) -> None:
+    n = sum(1 for i in items if i.llm)
+    if n > llm_room:
+        raise RuntimeError(f"planner issued {n} LLM items with room for {llm_room}")
+
+
+def _done(bar: Bar) -> Bar:
+    return Bar(bar.name, bar.n, bar.total, bar.postfix, done=True)

@@ -1,0 +1,210 @@
+"""One worker: runs stage chains over work items on one event loop (no Ray here).
+
+The Ray actor (``factory.engine.pool.WorkerActor``) is a thin shell around this
+class, and tests drive it directly. The driver hands a worker items
+(``submit``) and long-polls their results (``collect``); each item runs as its own
+task, so a result goes back the moment its item is done, never behind a slower
+neighbour (the Ray Data engine handed a batch on only when its slowest row was
+done). LLM stages bound their requests with their own slots; a chain whose LLM
+stage feeds a batched backend (a batch API) runs each submitted chunk as one
+batch instead, since that backend wants many requests per call.
+
+``stop(reason)`` refuses every request not sent yet: its row comes back
+``unissued`` with that reason (a budget cap), or the item comes back cancelled
+(``NOT_NEEDED``: the run reached its target and the item was never started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from factory.engine.stages.base import COLUMNS, OK, UNISSUED, Stage, StageSpec
+from factory.engine.work import Item, ItemResult
+
+__all__ = ["NOT_NEEDED", "Worker"]
+
+NOT_NEEDED = "not_needed"  # stop reason: the run has what it needs; unstarted items vanish
+COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
+
+
+class Worker:
+    """Chains of stages by name, built on first use, run over submitted items.
+
+    Args:
+        chains: ``{name: [(build, args), ...]}``; ``build(*args)`` makes a stage.
+        health: called by ``collect`` for the report it sends with results (the LLM
+            endpoints' state); default none.
+    """
+
+    def __init__(
+        self,
+        chains: Mapping[str, Sequence[StageSpec]] | None = None,
+        *,
+        health: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self._specs: dict[str, list[StageSpec]] = {k: list(v) for k, v in (chains or {}).items()}
+        self._built: dict[str, list[Stage]] = {}
+        self._done: list[ItemResult] = []
+        self._ready: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._health = health
+        self.stopped: str | None = None
+        self.started = 0  # items started, for tests and stats
+
+    # -- chains ---------------------------------------------------------------------------
+    def add_chain(self, name: str, specs: Sequence[StageSpec]) -> None:
+        """Declare (or replace) a chain; it is built when an item first needs it."""
+        self._specs[name] = list(specs)
+        old = self._built.pop(name, None)
+        for stage in old or ():
+            with contextlib.suppress(Exception):
+                stage.close()
+
+    def chain(self, name: str) -> list[Stage]:
+        if name not in self._built:
+            if name not in self._specs:
+                raise KeyError(f"no chain {name!r}; declared: {sorted(self._specs)}")
+            stages = [build(*args) for build, args in self._specs[name]]
+            for stage in stages:
+                stage.admission = self.admission
+            self._built[name] = stages
+        return self._built[name]
+
+    def stages(self) -> list[Stage]:
+        return [s for chain in self._built.values() for s in chain]
+
+    # -- admission: may a request go out? -------------------------------------------------
+    def admission(self) -> str | None:
+        """Why no new request may start now (the stop reason), or None."""
+        return self.stopped
+
+    def stop(self, reason: str) -> None:
+        """Refuse every request not sent yet (``reason``: a cap, or ``NOT_NEEDED``)."""
+        self.stopped = reason
+
+    def resume(self) -> None:
+        self.stopped = None
+
+    # -- items ----------------------------------------------------------------------------
+    def _event(self) -> asyncio.Event:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        return self._ready
+
+    async def submit(self, items: Sequence[Item]) -> int:
+        """Start ``items``; returns how many were taken."""
+        if not items:
+            return 0
+        self._event()
+        by_chain: dict[str, list[Item]] = {}
+        for item in items:
+            by_chain.setdefault(item.chain, []).append(item)
+        for name, group in by_chain.items():
+            chain = self.chain(name)
+            if any(getattr(getattr(s, "backend", None), "batched", False) for s in chain):
+                self._start(self._run_batch(chain, group))
+            else:
+                for item in group:
+                    self._start(self._run_one(chain, item))
+        self.started += len(items)
+        return len(items)
+
+    def _start(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _finish(self, item: Item, rows: list[dict[str, Any]]) -> None:
+        cancelled = (
+            self.stopped == NOT_NEEDED
+            and len(rows) == 1
+            and rows[0].get("status") == UNISSUED
+            and rows[0].get("reason") == NOT_NEEDED
+        )
+        self._done.append(ItemResult(item.stream, item.index, [] if cancelled else rows, cancelled))
+        self._event().set()
+
+    async def _run_one(self, chain: list[Stage], item: Item) -> None:
+        rows = [start_row(item)]
+        try:
+            for stage in chain:
+                rows = await run_stage(stage, rows)
+        finally:
+            self._finish(item, rows)
+
+    async def _run_batch(self, chain: list[Stage], items: list[Item]) -> None:
+        """One chunk as one batch (a batched backend wants them together); rows keep
+        their item through ``_item`` so each result goes back under its own key."""
+        rows = []
+        for item in items:
+            row = start_row(item)
+            row["_item"] = item.index
+            rows.append(row)
+        try:
+            for stage in chain:
+                if stage.is_async:
+                    rows = await stage.arun_rows(rows)
+                else:
+                    rows = stage.run_rows(rows)
+        finally:
+            by_index: dict[int, list[dict[str, Any]]] = {i.index: [] for i in items}
+            for row in rows:
+                by_index[row.pop("_item")].append(row)
+            for item in items:
+                self._finish(item, by_index[item.index])
+
+    async def collect(self, max_wait: float) -> tuple[list[ItemResult], dict[str, Any]]:
+        """Results finished since the last call: waits up to ``max_wait`` s for the first,
+        then a moment for others, so one reply carries a burst."""
+        ready = self._event()
+        if not self._done:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ready.wait(), max_wait)
+            if self._done:
+                await asyncio.sleep(COLLECT_LINGER_S)
+        out, self._done = self._done, []
+        ready.clear()
+        return out, (self._health() if self._health is not None else {})
+
+    @property
+    def busy(self) -> int:
+        """Items started and not finished."""
+        return len(self._tasks)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for stage in self.stages():
+            with contextlib.suppress(Exception):
+                await stage.aclose()
+
+
+def start_row(item: Item) -> dict[str, Any]:
+    """The first stage's row: every column, status ok, the item's fields on top."""
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row["status"] = OK
+    row.update(item.row)
+    return row
+
+
+async def run_stage(stage: Stage, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One stage over an item's rows (a stage may turn one row into several)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        result = await stage.arun_one(row) if stage.is_async else stage.run_one(row)
+        if isinstance(result, list):
+            out.extend(result)
+        else:
+            out.append(result)
+    return out
+
+
+def monotonic() -> float:
+    return time.monotonic()

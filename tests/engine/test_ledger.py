@@ -1,0 +1,111 @@
+"""One ledger per run: spend per stage as results arrive, fates as rows are used, caps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from factory.engine.ledger import Caps, Ledger
+from factory.engine.work import ItemResult
+
+
+def _row(stage: str, *, cost: float = 0.0, cached: bool = False, status: str = "ok", **kw):
+    row = {
+        "llm_stage": stage,
+        "status": status,
+        "stage": kw.pop("decided_by", stage),
+        "usage": json.dumps({"prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 40}),
+        "cost_usd": cost,
+        "paid_usd": 0.0 if cached else cost,
+        "cached_responses": int(cached),
+        "calls": int(not cached),
+        "completion": "x",
+    }
+    row.update(kw)
+    return row
+
+
+def test_spend_is_counted_per_stage_on_arrival() -> None:
+    ledger = Ledger()
+    ledger.arrived(ItemResult("seeds", 0, [_row("prefilter", cost=0.01)]))
+    ledger.arrived(ItemResult("calls", 0, [_row("amplify", cost=0.5)]))
+    ledger.arrived(ItemResult("calls", 1, [_row("amplify", cost=0.5, cached=True)]))
+    ledger.arrived(
+        ItemResult("calls", 2, [_row("amplify", status="unissued", usage=None, calls=0)])
+    )
+    fields = ledger.manifest_fields()
+    assert fields["by_stage"]["amplify"]["cost_usd"] == 1.0
+    assert fields["by_stage"]["amplify"]["cost_usd_paid_this_run"] == 0.5
+    assert fields["by_stage"]["amplify"]["calls"] == 1
+    assert fields["by_stage"]["amplify"]["responses_from_cache"] == 1
+    assert fields["unissued_by_stage"] == {"amplify": 1, "prefilter": 0}
+    assert fields["tokens"]["prompt_tokens"] == 300  # the unissued row has no usage
+    assert fields["cost_usd"] == pytest.approx(1.01)
+    assert ledger.results == 4 and ledger.calls == 2
+
+
+def test_fates_are_counted_by_their_deciding_stage() -> None:
+    ledger = Ledger()
+    ledger.decided({"stage": "postprocess"}, "accepted")
+    ledger.decided({"stage": "dedup", "reason": "duplicate"}, "rejected")
+    ledger.decided({"stage": "amplify", "reason": "timeout"}, "failed")
+    ledger.decided({"stage": "postprocess"}, "surplus")
+    assert ledger.totals() == {
+        "total": 4,
+        "accepted": 1,
+        "surplus": 1,
+        "rejected": 1,
+        "failed": 1,
+    }
+    assert ledger.stages() == {
+        "postprocess": {"accepted": 1, "surplus": 1},
+        "dedup": {"rejected": 1},
+        "amplify": {"failed": 1},
+    }
+    assert dict(ledger.reasons["dedup"]) == {"duplicate": 1}
+
+
+def test_max_calls_is_exact_counting_what_is_in_flight() -> None:
+    ledger = Ledger(Caps(max_calls=10))
+    assert ledger.allowance(64, in_flight=0) == 10
+    assert ledger.allowance(64, in_flight=6) == 4
+    for k in range(10):
+        ledger.arrived(ItemResult("calls", k, [_row("amplify", cost=0.1)]))
+    assert ledger.exhausted() == "max_calls"
+    assert ledger.allowance(64, in_flight=0) == 0 and ledger.stopped_by == "max_calls"
+
+
+def test_cost_and_token_caps_count_cached_spend_and_stop_new_work() -> None:
+    ledger = Ledger(Caps(max_cost_usd=1.0))
+    for k in range(3):
+        ledger.arrived(ItemResult("calls", k, [_row("amplify", cost=0.3, cached=True)]))
+    assert ledger.exhausted() is None and ledger.allowance(5, 0) == 5
+    ledger.arrived(ItemResult("calls", 3, [_row("amplify", cost=0.3)]))
+    assert ledger.exhausted() == "max_cost_usd" and ledger.allowance(5, 0) == 0
+    tokens = Ledger(Caps(max_tokens=220))
+    tokens.arrived(ItemResult("calls", 0, [_row("amplify")]))
+    assert tokens.exhausted() is None  # 110 of 220 (prompt + completion; cached are prompt)
+    tokens.arrived(ItemResult("calls", 1, [_row("amplify")]))
+    assert tokens.run_tokens == 220 and tokens.exhausted() == "max_tokens"
+
+
+def test_a_batched_backend_reserves_an_estimate_until_its_answer_settles_it() -> None:
+    ledger = Ledger(Caps(max_cost_usd=1.0))
+    estimate = (0.3, 1000)
+    n = ledger.allowance(10, in_flight=0, estimate=estimate)
+    assert n == 3  # 3 x 0.3 fits, a fourth would cross the cap
+    ledger.reserve(n, estimate)
+    assert ledger.allowance(10, in_flight=3, estimate=estimate) == 0
+    ledger.arrived(ItemResult("calls", 0, [_row("amplify", cost=0.1)]), reserved=estimate)
+    assert ledger.reserved_usd == pytest.approx(0.6) and ledger.cost_usd == pytest.approx(0.1)
+    assert ledger.allowance(10, in_flight=2, estimate=estimate) == 1
+
+
+def test_the_timeline_spans_the_run_and_stays_small() -> None:
+    ledger = Ledger(started=0.0)
+    ledger._timeline_every = 0.0
+    for k in range(1000):
+        ledger.arrived(ItemResult("calls", k, []))
+    points = ledger.manifest_fields()["timeline"]["points"]
+    assert len(points) <= 401 and points[-1][6] == 1000  # results arrived, last column

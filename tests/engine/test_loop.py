@@ -1,0 +1,191 @@
+"""The one driver loop, without Ray: a toy job on in-process workers (``LocalPool``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from factory.engine.ledger import Caps, Ledger
+from factory.engine.loop import Bar, Job, drive
+from factory.engine.pool import LocalPool
+from factory.engine.stages.base import OK, Stage
+from factory.engine.work import Item, ItemResult
+from factory.engine.worker import NOT_NEEDED
+
+
+class FakeLLM(Stage):
+    """A call that takes a random time, costs 0.1, and keeps ``k % reject_every`` out."""
+
+    name = "amplify"
+    requires = ("call_index",)
+
+    def __init__(self, seed: int, reject_every: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.reject_every = reject_every
+
+    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+        why = self.admission() if self.admission else None
+        if why is not None:
+            row.update(status="unissued", stage=self.name, reason=why, llm_stage=self.name)
+            return row
+        await asyncio.sleep(self.rng.random() * 0.01)
+        k = int(row["call_index"])
+        row.update(llm_stage=self.name, cost_usd=0.1, paid_usd=0.1, calls=1, completion="c")
+        if self.reject_every and k % self.reject_every == 0:
+            row.update(status="rejected", reason="bad", stage="postprocess")
+        else:
+            row["output"] = f"row-{k}"
+        return row
+
+
+class Planner:
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.issued = 0
+        self.accepted: list[str] = []
+        self.seen: list[int] = []
+
+    @property
+    def finished(self) -> bool:
+        return len(self.accepted) >= self.target
+
+    @property
+    def stopped_by(self) -> str | None:
+        return None
+
+    def issue(self, room: int, llm_room: int) -> list[Item]:
+        n = min(room, llm_room, self.target - len(self.accepted))
+        items = [
+            Item("calls", k, "c", {"call_index": k}, llm=True)
+            for k in range(self.issued, self.issued + n)
+        ]
+        self.issued += len(items)
+        return items
+
+    def observe(self, result: ItemResult) -> None:
+        self.seen.append(result.index)
+
+    def bars(self) -> list[Bar]:
+        return [Bar("accepted", len(self.accepted), self.target)]
+
+
+class Sink:
+    stop_reason = None
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self.rows: list[dict[str, Any]] = []
+
+    def arrived(self, result: ItemResult) -> None:
+        pass
+
+    def add(self, row: dict[str, Any]) -> str:
+        if row["status"] == "unissued":
+            return "unissued"
+        self.rows.append(row)
+        if row["status"] != OK:
+            return "rejected"
+        if self.planner.finished:
+            return "surplus"
+        self.planner.accepted.append(row["output"])
+        return "accepted"
+
+
+def _run(seed: int, *, target: int = 40, caps: Caps | None = None, reject_every: int = 0):
+    planner = Planner(target)
+    sink = Sink(planner)
+    pool = LocalPool({"c": [(FakeLLM, (seed, reject_every))]}, workers=2, capacity=8)
+    ledger = Ledger(caps)
+    try:
+        stopped = drive(Job("toy", {}, planner, sink), pool, ledger, poll_s=0.01)
+    finally:
+        pool.close()
+    return planner, sink, ledger, stopped
+
+
+def test_results_are_used_in_call_order_however_they_race() -> None:
+    runs = [_run(seed, reject_every=7) for seed in (1, 2, 3)]
+    for planner, _, ledger, stopped in runs:
+        assert stopped is None and planner.seen == sorted(planner.seen)
+        assert len(planner.accepted) == 40
+        t = ledger.totals()
+        assert t["total"] == t["accepted"] + t["surplus"] + t["rejected"] + t["failed"]
+        assert t["accepted"] == 40 and t["rejected"] >= 6
+    # the same rows, whatever the timing: the first 40 accepted calls in call order
+    assert runs[0][0].accepted == runs[1][0].accepted == runs[2][0].accepted
+
+
+def test_a_cap_stops_new_calls_and_counts_the_refused_ones_unissued() -> None:
+    planner, _, ledger, stopped = _run(5, target=100, caps=Caps(max_cost_usd=1.0))
+    assert stopped == "max_cost_usd" and ledger.stopped_by == "max_cost_usd"
+    # at most the calls in flight (2 workers x 8) overshoot the cap
+    assert 1.0 <= ledger.cost_usd <= 1.0 + 16 * 0.1 + 1e-9
+    assert planner.seen == sorted(planner.seen) == list(range(planner.issued))
+    assert ledger.totals()["accepted"] == len(planner.accepted) < 100
+
+
+def test_max_calls_is_never_exceeded() -> None:
+    planner, _, ledger, stopped = _run(6, target=100, caps=Caps(max_calls=25))
+    assert stopped == "max_calls" and ledger.calls == 25 == planner.issued
+
+
+def test_work_not_needed_when_the_target_is_reached_never_starts() -> None:
+    """The planner ends with items still queued in the workers: those never go out and
+    count nowhere (the worker answers them cancelled)."""
+    from factory.engine.worker import Worker
+
+    async def scenario() -> list[ItemResult]:
+        worker = Worker({"c": [(FakeLLM, (0,))]})
+        worker.stop(NOT_NEEDED)
+        await worker.submit([Item("calls", k, "c", {"call_index": k}, llm=True) for k in range(3)])
+        got: list[ItemResult] = []
+        while len(got) < 3:
+            got += (await worker.collect(1.0))[0]
+        await worker.aclose()
+        return got
+
+    got = asyncio.run(scenario())
+    assert all(r.cancelled and r.rows == [] for r in got)
+
+
+@pytest.mark.parametrize("stream_count", [1, 2])
+def test_rows_of_one_item_stay_together_and_in_order(stream_count: int) -> None:
+    class Fan(Stage):
+        name = "fan"
+        requires = ("call_index",)
+
+        def process(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # type: ignore[override]
+            k = int(row["call_index"])
+            return [{**row, "output": f"{k}.{i}"} for i in range(k % 3 + 1)]
+
+    class P(Planner):
+        def issue(self, room: int, llm_room: int) -> list[Item]:
+            if self.issued >= 20:
+                return []
+            n = min(room, 20 - self.issued)
+            items = [
+                Item(f"s{k % stream_count}", k // stream_count, "c", {"call_index": k})
+                for k in range(self.issued, self.issued + n)
+            ]
+            self.issued += n
+            return items
+
+        @property
+        def finished(self) -> bool:
+            return self.issued >= 20 and len(self.seen) == 20
+
+    planner = P(0)
+    sink = Sink(planner)
+    pool = LocalPool({"c": [(Fan, ())]}, workers=2, capacity=4)
+    try:
+        drive(Job("fan", {}, planner, sink), pool, Ledger(), poll_s=0.01)
+    finally:
+        pool.close()
+    outputs = [r["output"] for r in sink.rows]
+    assert len(outputs) == sum(k % 3 + 1 for k in range(20))
+    for k in range(20):  # an item's rows are contiguous
+        mine = [i for i, o in enumerate(outputs) if o.split(".")[0] == str(k)]
+        assert mine == list(range(mine[0], mine[0] + len(mine)))
