@@ -35,6 +35,7 @@ class Collector:
 
     ``target`` (optional) caps accepted rows; valid rows beyond it are kept in
     ``surplus/`` (they were paid for) and counted, never silently dropped.
+    ``per_seed_cap`` caps accepted rows per seed the same way.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class Collector:
         dataset_name: str,
         shard_rows: int = 5000,
         target: int | None = None,
+        per_seed_cap: int | None = None,
         data_subdir: str = "data",
         keep_labels: bool = False,
         neardup: NearDupIndex | None = None,
@@ -57,6 +59,7 @@ class Collector:
         self.rejects = RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows)
         self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
         self.target = target
+        self.per_seed_cap = per_seed_cap
         # The run's exact-duplicate filter (``factory.core.dedup``): the collector owns it.
         self.dedup = Deduper("same content as an earlier row ({first})")
         # The run's near-duplicate index (signatures only; ``factory.core.neardup``).
@@ -133,7 +136,8 @@ class Collector:
             key = row.get("id") or ""
             out = json.loads(row["output"])
             seed = row.get("seed_id") or ""
-            if self.done:
+            over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap
+            if self.done or over_seed:
                 self.surplus.add(out)
                 kind = SURPLUS
             else:

@@ -283,10 +283,13 @@ class LocalPool:
         return sum(max(0, self.capacity - len(a)) for a in self._assigned)
 
     def submit(self, items: Sequence[Item]) -> None:
-        for item in items:
+        chunks: dict[int, list[Item]] = {}
+        for item in items:  # as the actor pool does: the least loaded worker, one chunk each
             i = min(range(len(self.workers)), key=lambda j: len(self._assigned[j]))
             self._assigned[i].add(item.key)
-            self._call(self.workers[i].submit([item]))
+            chunks.setdefault(i, []).append(item)
+        for i, chunk in chunks.items():
+            self._call(self.workers[i].submit(chunk))
 
     def poll(self, timeout: float) -> tuple[list[ItemResult], dict[int, dict[str, Any]]]:
         deadline = time.monotonic() + timeout

@@ -13,10 +13,11 @@ from typing import Any
 
 from factory.config import RecipeConfig, config_hash
 from factory.engine.console import ProgressBar, run_clock
+from factory.engine.ledger import Ledger
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
 
-__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest"]
+__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest", "write_manifest"]
 
 STAGE_ORDER = (
     "read",
@@ -118,3 +119,32 @@ def new_manifest(cfg: RecipeConfig) -> Manifest:
     return Manifest(
         recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
     )
+
+
+def write_manifest(
+    out_dir: Path,
+    manifest: Manifest,
+    ledger: Ledger,
+    *,
+    pipeline: str,
+    sections: dict[str, Any] | None = None,
+    totals: dict[str, int] | None = None,
+    stages: dict[str, dict[str, int]] | None = None,
+) -> dict[str, int]:
+    """Write ``manifest.json`` from the run's ledger (totals, stages, reasons, tokens,
+    cost, budget, timeline) and the job's own ``sections``; returns the totals.
+
+    ``totals`` / ``stages``: a job whose rows are decided after the loop (the envsim
+    selection) gives its own.
+    """
+    totals = totals or ledger.totals()
+    manifest.stages = stages or ledger.stages()
+    for stage, codes in ledger.reasons.items():
+        for code, n in codes.items():
+            manifest.reason(stage, code, n)
+    manifest.extra.update(pipeline=pipeline, **ledger.manifest_fields())
+    for key, value in (sections or {}).items():
+        if value is not None or key == "mixture":
+            manifest.extra[key] = value
+    manifest.write(out_dir, **totals)
+    return totals

@@ -23,7 +23,7 @@ from factory.engine.ledger import Caps, Ledger
 from factory.engine.loop import drive
 from factory.engine.pool import ActorPool
 from factory.engine.raycompat import ray_address
-from factory.engine.result import RunResult, new_manifest
+from factory.engine.result import RunResult, new_manifest, write_manifest
 from factory.engine.settings import per_actor_concurrency
 from factory.engine.watchdog import Lifeline
 from factory.errors import OutputWriteError
@@ -70,15 +70,15 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
                 pool.close()
     finally:
         bars.close()
-    sections = job.finish(ledger, stopped_by)
-    totals = getattr(job, "totals", None) or ledger.totals()
-    manifest.stages = getattr(job, "stages", None) or ledger.stages()
-    for stage, codes in ledger.reasons.items():
-        for code, n in codes.items():
-            manifest.reason(stage, code, n)
-    manifest.extra.update(pipeline=job.pipeline, **ledger.manifest_fields())
-    manifest.extra.update({k: v for k, v in sections.items() if v is not None or k == "mixture"})
-    manifest.write(out_dir, **totals)
+    totals = write_manifest(
+        out_dir,
+        manifest,
+        ledger,
+        pipeline=job.pipeline,
+        sections=job.finish(ledger, stopped_by),
+        totals=getattr(job, "totals", None),
+        stages=getattr(job, "stages", None),
+    )
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(
         out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]

@@ -99,12 +99,13 @@ def test_collector_rejects_a_repeated_id_through_its_deduper(tmp_path: Path) -> 
     from factory.engine.collect import Collector
     from factory.engine.stages.base import make_row
     from factory.io.writer import Manifest
+    from tests.helpers import collect_rows
 
     collector = Collector(tmp_path, Manifest("r", "h"), dataset_name="d")
     output = json.dumps({"conversations": [], "system": "", "tools": "", "id": "k1", "meta": "{}"})
     rows = [make_row(id=i, stage="postprocess", output=output) for i in ("k1", "k2", "k1", "k1")]
     rows.append(make_row(id="k2", status="rejected", stage="postprocess", reason="wrong_type"))
-    assert [collector.add(r) for r in rows] == [
+    assert collect_rows(tmp_path, collector, rows) == [
         "accepted",
         "accepted",
         "rejected",
@@ -112,7 +113,6 @@ def test_collector_rejects_a_repeated_id_through_its_deduper(tmp_path: Path) -> 
         "rejected",
     ]
     assert len(collector.dedup) == 2 and "k1" in collector.dedup
-    collector.close()
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["reasons"]["dedup"] == {"duplicate": 2}
     assert manifest["stages"]["dedup"] == {"rejected": 2}

@@ -10,6 +10,7 @@ from factory.core.mixture import Mixture
 from factory.engine.collect import Collector
 from factory.engine.stages.base import make_row
 from factory.io.writer import Manifest
+from tests.helpers import collect_rows
 
 
 def _conv(user: str, tools: list[str]) -> dict:
@@ -64,10 +65,13 @@ def test_summary_counts_sequences_lengths_seeds_and_quotas() -> None:
 def test_collector_writes_the_diversity_section(tmp_path: Path) -> None:
     c = Collector(tmp_path, Manifest("r", "h"), dataset_name="d")
     c.seeds = ["s1", "s2"]
-    for i, tools in enumerate((["a"], ["a"], ["b", "c"])):
-        out = _conv(f"question {i}", tools)
-        c.add(make_row(id=f"r{i}", status="ok", output=json.dumps(out), seed_id="s1"))
-    c.close()
+    rows = [
+        make_row(
+            id=f"r{i}", status="ok", output=json.dumps(_conv(f"question {i}", tools)), seed_id="s1"
+        )
+        for i, tools in enumerate((["a"], ["a"], ["b", "c"]))
+    ]
+    collect_rows(tmp_path, c, rows)
     div = json.loads((tmp_path / "manifest.json").read_text())["diversity"]
     assert div["rows"] == 3 and div["distinct_tool_sequences"] == 2
     assert div["per_seed"]["seeds_with_nothing_ids"] == ["s2"] and div["per_seed"]["max"] == 3

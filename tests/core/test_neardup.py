@@ -16,7 +16,7 @@ from factory.engine.collect import Collector
 from factory.engine.stages.base import make_row
 from factory.errors import ConfigError
 from factory.io.writer import Manifest
-from tests.helpers import AIRLINE_SEEDS
+from tests.helpers import AIRLINE_SEEDS, collect_rows
 
 PARAMS = NearDupParams()
 
@@ -91,8 +91,7 @@ def _row(traj: Trajectory, rid: str, seed: str) -> dict:
 
 def _collect(out: Path, rows: list[dict], index: NearDupIndex) -> tuple[list[str], dict]:
     c = Collector(out, Manifest("r", "h"), dataset_name="d", neardup=index)
-    kinds = [c.add(dict(r)) for r in rows]
-    c.close()
+    kinds = collect_rows(out, c, [dict(r) for r in rows])
     return kinds, json.loads((out / "manifest.json").read_text())
 
 

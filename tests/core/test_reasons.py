@@ -141,8 +141,10 @@ def duplicate() -> str:
         ),
     )
     c.add(dict(row))
-    c.add(dict(row))
-    return next(iter(c.manifest.reasons["dedup"]))
+    second = dict(row)
+    c.add(second)  # the collector marks the later copy a reject of stage dedup
+    assert second["stage"] == "dedup"
+    return str(second["reason"])
 
 
 def near_duplicate() -> str:
@@ -154,10 +156,13 @@ def near_duplicate() -> str:
     sig = signature_bytes(Trajectory(turns=[Turn("user", "change my flight to boston")]), params)
     tmp = Path(__import__("tempfile").mkdtemp())
     c = Collector(tmp, Manifest("r", "h"), dataset_name="d", neardup=NearDupIndex(params))
+    rows = []
     for rid in ("x", "y"):
         out = {"conversations": [], "system": "", "tools": "", "id": rid, "meta": "{}"}
-        c.add(make_row(id=rid, output=json.dumps(out), minhash=sig))
-    return next(iter(c.manifest.reasons["neardup"]))
+        rows.append(make_row(id=rid, output=json.dumps(out), minhash=sig))
+        c.add(rows[-1])
+    assert rows[1]["stage"] == "neardup"
+    return str(rows[1]["reason"])
 
 
 def contaminated() -> str:

@@ -1,93 +1,11 @@
-"""Ray plumbing: how many one-row batches an async LLM stage really awaits at once.
-
-Why this matters: Ray Data hands a batch on only when its slowest row is done, so the
-LLM stages take one row per batch and need as many batches in flight per task as their
-actor has request slots (issue 8: with Ray's default of 4 awaited batches, a heavy
-latency tail left a third of the server's slots idle).
-"""
+"""Ray's session: a local start that survives a slow machine, a shutdown that waits."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
 import pytest
-
-from factory.config import RayConfig
-from factory.engine.stages.base import Stage
-
-SLOTS = 24
-
-
-class _Gate(Stage):
-    """Each row waits until ``SLOTS`` rows of this actor are waiting together (or 2 s
-    pass), then reports the most it saw at once. With fewer batches in flight than
-    ``SLOTS`` the gate never opens and the peak stays below it."""
-
-    name = "gate"
-    requires = ()
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self.peak = 0
-        self.full = asyncio.Event()
-
-    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
-        self.waiting += 1
-        self.peak = max(self.peak, self.waiting)
-        if self.waiting >= SLOTS:
-            self.full.set()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.full.wait(), timeout=2.0)
-        self.waiting -= 1
-        return {**row, "id": str(row["id"]), "message": str(self.peak)}
-
-
-def _build_gate() -> _Gate:
-    return _Gate()
-
-
-def _peak(ray_session: Any, batches_per_task: int | None) -> int:
-    import ray.data
-
-    from factory.engine.pipeline import iter_rows
-    from factory.engine.raycompat import map_stage
-
-    ds = ray.data.range(2 * SLOTS, override_num_blocks=1)
-    ds = map_stage(
-        ds,
-        _build_gate,
-        ray_cfg=RayConfig(actors=1, num_cpus=0.25),
-        is_async=True,
-        batch_size=1,
-        max_concurrent_batches=1,
-        batches_per_task=batches_per_task,
-    )
-    return max(int(r["message"]) for r in iter_rows(ds))
-
-
-def test_one_task_awaits_as_many_one_row_batches_as_asked(ray_session: Any) -> None:
-    assert _peak(ray_session, SLOTS) >= SLOTS
-
-
-def test_ray_still_names_the_constant_it_reads() -> None:
-    """A Ray upgrade that renames the module constant must fail here, not quietly fall
-    back to 4 batches per task."""
-    from ray.data._internal.planner import plan_udf_map_op
-
-    assert isinstance(plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY, int)
-
-
-@pytest.mark.parametrize("n", [1, 8])
-def test_the_setting_is_never_lowered(n: int) -> None:
-    from ray.data._internal.planner import plan_udf_map_op
-
-    from factory.engine.raycompat import await_batches_per_task
-
-    before = plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY
-    await_batches_per_task(n)
-    assert max(before, n) == plan_udf_map_op.DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 from factory.core.mixture import Mixture
 from factory.core.selection import held_out, select
-from factory.engine.jobs.envsim import EpisodeStepsUDF, alpaca_row
+from factory.engine.jobs.envsim import EpisodeStage, alpaca_row
 from factory.envs.airline import AirlineEnv
 from factory.envs.base import binding_error
 from factory.envs.registry import generate_environment
@@ -161,10 +161,8 @@ def test_validate_arguments_false_runs_the_call_as_tau_bench() -> None:
 
 
 def test_the_recipe_option_reaches_the_executor(tmp_path: Path) -> None:
-    on = EpisodeStepsUDF(recipe("airline-envsim.yaml", tmp_path), 0)
-    off = EpisodeStepsUDF(
-        recipe("airline-envsim.yaml", tmp_path, "envsim.validate_arguments=false"), 0
-    )
+    on = EpisodeStage(recipe("airline-envsim.yaml", tmp_path))
+    off = EpisodeStage(recipe("airline-envsim.yaml", tmp_path, "envsim.validate_arguments=false"))
     assert on.sampler.fresh_env().validate_arguments is True
     assert off.sampler.fresh_env().validate_arguments is False
 

@@ -146,33 +146,29 @@ def booking_args(
     return {**args, **over}
 
 
-class _Remote:
-    """``actor.method.remote(...)`` for a plain object, awaitable like an ObjectRef."""
+def stage_settings(cfg: RecipeConfig, stage: str = "amplify", model: str | None = None) -> Any:
+    """The resolved settings of one LLM stage of ``cfg`` (another model if given)."""
+    import dataclasses
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
+    from factory.engine.settings import llm_stages
 
-    def remote(self, *args: Any) -> Any:
-        async def call() -> Any:
-            return self.fn(*args)
-
-        return call()
+    settings = llm_stages(cfg)[stage]
+    return dataclasses.replace(settings, model=model) if model else settings
 
 
-class LocalBudget:
-    """A ``BudgetActor`` handle without Ray: its methods over a ``BudgetState``, awaited
-    through ``.remote`` as an LLM stage awaits them; ``asked`` records each reservation."""
+def amplify_stage(cfg: RecipeConfig, kept: dict[str, str]) -> Any:
+    """The real amplification stage of ``cfg`` over ``kept`` seeds, built as a worker does."""
+    from factory.engine.stages.amplify import build_amplify, seed_order
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
-        self.asked: list[float] = []
-        self.try_start = _Remote(self._try_start)
-        self.finish = _Remote(state.finish)
-        self.release = _Remote(state.release)
+    assert cfg.amplify is not None
+    return build_amplify(cfg, stage_settings(cfg), kept, seed_order(list(kept), cfg.amplify.seed))
 
-    def _try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
-        self.asked.append(cost_usd)
-        return bool(self.state.try_start(cost_usd, tokens))
+
+def prefilter_stage(cfg: RecipeConfig) -> Any:
+    """The real judge stage of ``cfg``, built as a worker does."""
+    from factory.engine.stages.prefilter import build_prefilter
+
+    return build_prefilter(cfg, stage_settings(cfg, "prefilter"))
 
 
 def stop_head(head: subprocess.Popen[Any]) -> None:
@@ -384,3 +380,91 @@ PROFILE = {
 
 
 FLIGHTS = [{"flight_number": "HAT069", "origin": "JFK", "destination": "SEA", "date": "2024-05-20"}]
+
+
+def collect_rows(
+    out_dir: Path, collector: Any, rows: list[dict[str, Any]], **sections: Any
+) -> list:
+    """File ``rows`` as the driver loop does (each counted on arrival and when used, in
+    order), then close the collector and write the manifest; returns each row's fate."""
+    from factory.engine.ledger import Ledger
+    from factory.engine.result import write_manifest
+    from factory.engine.work import ItemResult
+
+    ledger = Ledger()
+    kinds = []
+    for i, row in enumerate(rows):
+        ledger.arrived(ItemResult("rows", i, [row]))
+        kind = collector.add(row)
+        if kind not in (None, "unissued"):
+            ledger.decided(row, kind)
+        kinds.append(kind)
+    collector.close()
+    write_manifest(out_dir, collector.manifest, ledger, pipeline="test", sections=sections)
+    return kinds
+
+
+def drive_calls(
+    cfg: RecipeConfig,
+    kept: dict[str, str],
+    n: int,
+    ledger: Any,
+    *,
+    reserve: tuple[float, int] = (0.0, 0),
+) -> list[dict[str, Any]]:
+    """Calls ``0..n-1`` of ``cfg``'s amplification chain (amplify, postprocess) through the
+    one driver loop on in-process workers, with ``ledger``'s caps; the rows, in order."""
+    from factory.engine.loop import Bar, Job, drive
+    from factory.engine.pool import LocalPool
+    from factory.engine.stages.amplify import build_amplify, seed_order
+    from factory.engine.stages.postprocess import build_postprocess
+    from factory.engine.work import Item, ItemResult
+
+    assert cfg.amplify is not None
+
+    class Calls:
+        def __init__(self) -> None:
+            self.issued = 0
+            self.used = 0
+
+        @property
+        def finished(self) -> bool:
+            return self.used == n
+
+        stopped_by = None
+
+        def issue(self, room: int, llm_room: int) -> list[Item]:
+            k = min(room, llm_room, n - self.issued)
+            out = [
+                Item("calls", i, "calls", {"call_index": i}, llm=True)
+                for i in range(self.issued, self.issued + k)
+            ]
+            self.issued += k
+            return out
+
+        def observe(self, result: ItemResult) -> None:
+            self.used += 1
+
+        def bars(self) -> list[Bar]:
+            return []
+
+    rows: list[dict[str, Any]] = []
+
+    class Keep:
+        stop_reason = None
+
+        def arrived(self, result: ItemResult) -> None:
+            pass
+
+        def add(self, row: dict[str, Any]) -> str:
+            rows.append(row)
+            return "accepted" if row["status"] == "ok" else "rejected"
+
+    order = seed_order(list(kept), cfg.amplify.seed)
+    chain = [(build_amplify, (cfg, stage_settings(cfg), kept, order)), (build_postprocess, (cfg,))]
+    pool = LocalPool({"calls": chain}, workers=1, capacity=max(1, n))
+    try:
+        drive(Job("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
+    finally:
+        pool.close()
+    return rows

@@ -13,6 +13,7 @@ from factory.engine.stages.base import make_row
 from factory.errors import OutputWriteError
 from factory.io import writer
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
+from tests.helpers import collect_rows
 
 
 def sharegpt(i: int) -> dict:
@@ -88,14 +89,16 @@ def row(i: int, seed: str = "s", status: str = "ok", reason: str | None = None) 
         output=json.dumps(sharegpt(i)),
         cost_usd=0.5,
         usage=json.dumps({"prompt_tokens": 10, "completion_tokens": 5}),
+        llm_stage="amplify",
     )
 
 
 def test_collector_accounts_for_every_row(tmp_path: Path) -> None:
     c = Collector(tmp_path, Manifest("r", "h"), dataset_name="d", target=3, per_seed_cap=2)
-    kinds = [
-        c.add(r)
-        for r in [
+    kinds = collect_rows(
+        tmp_path,
+        c,
+        [
             row(0, "a"),
             row(1, "a"),
             row(2, "a"),
@@ -104,8 +107,8 @@ def test_collector_accounts_for_every_row(tmp_path: Path) -> None:
             row(4, "c"),
             row(5, "c", "rejected", "wrong_type"),
             row(6, "c", "failed", "llm_timeout"),
-        ]
-    ]
+        ],
+    )
     assert kinds == [
         "accepted",
         "accepted",
@@ -116,9 +119,14 @@ def test_collector_accounts_for_every_row(tmp_path: Path) -> None:
         "rejected",
         "failed",
     ]
-    totals = c.close()
-    assert totals == {"total": 8, "accepted": 3, "surplus": 2, "rejected": 2, "failed": 1}
     manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["totals"] == {
+        "total": 8,
+        "accepted": 3,
+        "surplus": 2,
+        "rejected": 2,
+        "failed": 1,
+    }
     assert manifest["reasons"] == {
         "dedup": {"duplicate": 1},
         "postprocess": {"llm_timeout": 1, "wrong_type": 1},

@@ -33,6 +33,7 @@ from factory.llm.backends import (
     reset_registry,
 )
 from tests.conftest import ROOT
+from tests.helpers import amplify_stage, prefilter_stage, stage_settings
 
 SEEDS = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()
 
@@ -125,7 +126,7 @@ def test_an_unknown_backend_is_a_config_error_naming_the_key_and_the_choices(
 
     cfg = cfg_for(tmp_path, "llm.backend=vllm-on-mars")
     with pytest.raises(ConfigError) as info:
-        build_backend_for(cfg, "gpt-5")
+        build_backend_for(stage_settings(cfg, model="gpt-5"))
     assert info.value.key_path == "llm.backend"
     assert "vllm-on-mars" in str(info.value) and "aiohttp, openai" in str(info.value)
 
@@ -145,7 +146,9 @@ def test_the_http_backends_are_online_backends_over_one_client(tmp_path: Path, n
     from factory.engine.stages.llm_stage import build_backend_for
     from factory.llm.backends.online import ClientBackend
 
-    backend = build_backend_for(cfg_for(tmp_path, f"llm.backend={name}"), "gpt-5")
+    backend = build_backend_for(
+        stage_settings(cfg_for(tmp_path, f"llm.backend={name}"), model="gpt-5")
+    )
     assert isinstance(backend, ClientBackend) and not backend.batched
     assert backend.model == "gpt-5"
     asyncio.run(backend.aclose())
@@ -212,7 +215,7 @@ def test_record_completion_paid_then_replayed() -> None:
     from factory.engine.stages.llm_stage import record_completion
 
     row = make_row()
-    record_completion(row, completion("one", cost=0.5), cached=False)
+    record_completion(row, completion("one", cost=0.5), cached=False, stage="amplify")
     assert row["completion"] == "one" and row["cached"] is False
     assert row["paid_usd"] == 0.5 and row["cached_responses"] == 0
     assert json.loads(row["usage"]) == {
@@ -221,7 +224,9 @@ def test_record_completion_paid_then_replayed() -> None:
         "cached_tokens": 0,
     }
     assert json.loads(row["retries"]) == {"llm_rate_limited": 1}
-    record_completion(row, completion("two", cost=0.5), cached=True)  # a judge's second ask
+    record_completion(
+        row, completion("two", cost=0.5), cached=True, stage="amplify"
+    )  # a judge's second ask
     assert row["completion"] == "two" and row["cached"] is True
     assert row["paid_usd"] == 0.5 and row["cached_responses"] == 1  # replay: nothing paid
     assert json.loads(row["retries"]) == {"llm_rate_limited": 1}  # nor retried
@@ -250,12 +255,12 @@ def test_record_failure_failed_or_unissued() -> None:
 def test_a_registered_batched_backend_runs_through_the_real_amplify_stage(
     echo: None, tmp_path: Path
 ) -> None:
-    from factory.engine.stages.amplify import AmplifyStage, assign, seed_order
+    from factory.engine.stages.amplify import assign, seed_order
     from factory.engine.stages.llm_stage import render
 
     cfg = cfg_for(tmp_path, "llm.backend=echo", 'llm.backend_options={"answer": "call {n}"}')
     kept = seeds(3)
-    stage = AmplifyStage(cfg, kept)
+    stage = amplify_stage(cfg, kept)
     (backend,) = CREATED
     rows = [{"status": "ok", "call_index": i, "id": None} for i in range(7)]
 
@@ -289,7 +294,7 @@ def test_a_registered_batched_backend_runs_through_the_real_amplify_stage(
     assert stage.cache is not None
     stage.cache.close()
 
-    again = AmplifyStage(cfg, kept)  # a rerun: every answer comes from the cache
+    again = amplify_stage(cfg, kept)  # a rerun: every answer comes from the cache
     out2 = asyncio.run(_run(again, rows))
     assert CREATED[1].calls == []
     assert all(r["cached"] is True and r["paid_usd"] == 0.0 for r in out2)
@@ -311,7 +316,6 @@ def test_a_batched_backends_failures_are_rows_and_a_judges_retry_joins_the_next_
     from factory.core.formats import parse_record
     from factory.engine.stages.base import make_row
     from factory.engine.stages.llm_stage import render
-    from factory.engine.stages.prefilter import PrefilterStage
 
     # first batch: no verdict ("call 1" is not JSON); the retried requests form batch 2
     answer = '{"keep": true, "reasons": []}'
@@ -321,7 +325,7 @@ def test_a_batched_backends_failures_are_rows_and_a_judges_retry_joins_the_next_
         "cache.enabled=false",
         "llm.backend_options=" + json.dumps({"answer": "call {n}"}),
     )
-    stage = PrefilterStage(cfg)
+    stage = prefilter_stage(cfg)
     (backend,) = CREATED
     trajs = [parse_record(json.loads(line), source=f"s:{i}") for i, line in enumerate(SEEDS[:4])]
     refused = render(
@@ -354,7 +358,6 @@ def test_a_batched_backends_failures_are_rows_and_a_judges_retry_joins_the_next_
 
 
 def test_a_backend_that_drops_a_request_fails_that_row_only(echo: None, tmp_path: Path) -> None:
-    from factory.engine.stages.amplify import AmplifyStage
 
     class Lossy(EchoBackend):
         async def run(self, requests: Sequence[LLMRequest]) -> AsyncIterator[LLMResult]:
@@ -362,7 +365,7 @@ def test_a_backend_that_drops_a_request_fails_that_row_only(echo: None, tmp_path
                 yield result
 
     register_backend(BackendPlugin("echo", EchoOptions, Lossy), replace=True)
-    stage = AmplifyStage(cfg_for(tmp_path, "llm.backend=echo", "cache.enabled=false"), seeds(2))
+    stage = amplify_stage(cfg_for(tmp_path, "llm.backend=echo", "cache.enabled=false"), seeds(2))
     out = asyncio.run(
         _run(stage, [{"status": "ok", "call_index": i, "id": None} for i in range(3)])
     )

@@ -29,6 +29,7 @@ from factory.llm.backends.openai_batch import (
     split_requests,
 )
 from factory.llm.pricing import DEFAULT_PRICES, PriceTable
+from tests.helpers import amplify_stage, stage_settings
 
 
 def _requests(n: int, tag: str = "r") -> list[LLMRequest]:
@@ -279,7 +280,6 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
     No Ray: the stage is driven directly, as an actor would."""
     from factory.config import load_recipe
     from factory.core.formats import parse_record
-    from factory.engine.stages.amplify import AmplifyStage
     from tests.conftest import ROOT
 
     log = tmp_path / "requests.jsonl"
@@ -300,31 +300,30 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
         kept[traj.id] = traj.to_json()
     rows = [{"status": "ok", "call_index": i, "id": None} for i in range(6)]
 
-    out = asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows))
+    out = asyncio.run(_run_stage(amplify_stage(cfg, kept), rows))
     assert [r["status"] for r in out] == ["ok"] * 6
     assert all(r["completion"] and r["cached"] is False and r["paid_usd"] > 0 for r in out)
     summary = batch_summary(tmp_path / "out")
     assert summary is not None and summary["count"] == 1  # one actor's rows: one batch
     assert summary["by_status"] == {"completed": 1}
-    again = asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows))  # a rerun: all from the cache
+    again = asyncio.run(_run_stage(amplify_stage(cfg, kept), rows))  # a rerun: all from the cache
     assert all(r["cached"] is True and r["paid_usd"] == 0.0 for r in again)
     assert batch_summary(tmp_path / "out")["count"] == 1  # type: ignore[index]
     assert sum(1 for r in _log(log) if r.get("kind") == "batch_submit") == 6
 
 
-def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
-    devserver, tmp_path, monkeypatch
-) -> None:
-    """Batch answers come long after submission: each request reserves its estimated
-    cost at the Batch price when submitted, so a cap smaller than the whole batch stops
-    submission instead of being overshot by the batch in flight; answers settle it."""
+def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, tmp_path) -> None:
+    """Batch answers come long after submission: each call reserves its estimated cost at
+    the Batch price when the driver issues it, so a cap smaller than the whole batch stops
+    issuing instead of being overshot by the batch in flight; answers settle it."""
     from factory.config import load_recipe
     from factory.core.formats import parse_record
-    from factory.engine.budget import BudgetState
-    from factory.engine.stages import llm_stage
-    from factory.engine.stages.amplify import AmplifyStage
+    from factory.engine.jobs.amplify import batch_reservation
+    from factory.engine.ledger import Caps, Ledger
+    from factory.engine.stages.amplify import amplify_template
+    from factory.envs.pack import load_domain
     from tests.conftest import ROOT
-    from tests.helpers import LocalBudget
+    from tests.helpers import drive_calls
 
     log = tmp_path / "requests.jsonl"
     server = devserver(batch_delay_s=0.3, request_log=str(log))
@@ -333,12 +332,9 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
     for i, line in enumerate(lines):
         traj = parse_record(json.loads(line), source=f"s:{i}")
         kept[traj.id] = traj.to_json()
-    rows = [{"status": "ok", "call_index": i, "id": None} for i in range(6)]
 
-    def run(out: str, cap: float) -> tuple[list[dict[str, Any]], LocalBudget]:
-        budget = LocalBudget(BudgetState(max_cost_usd=cap))
-        monkeypatch.setattr(llm_stage, "find_budget", lambda cfg: budget)
-        cfg = load_recipe(
+    def recipe(out: str, cap: float) -> Any:
+        return load_recipe(
             ROOT / "pipelines" / "airline-batch.yaml",
             [
                 f"output.dir={tmp_path / out}",
@@ -349,26 +345,30 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(
             ],
         )
 
-        return asyncio.run(_run_stage(AmplifyStage(cfg, kept), rows)), budget
-
-    _, free = run("probe", 1000.0)  # every request's reservation, none refused
-    reserved = free.asked
-    assert len(reserved) == 6 and all(r > 0 for r in reserved)
+    cfg = recipe("probe", 1000.0)
+    estimate = batch_reservation(cfg, amplify_template(cfg, load_domain(cfg)), stage_settings(cfg))
     # At the price of gpt-5's Batch tier, the 4,000 output tokens dominate the estimate.
-    assert min(reserved) > 4000 * 5.0 / 1e6
-    assert free.state.reserved_cost_usd == pytest.approx(0.0, abs=1e-12)  # all settled
-    assert 0 < free.state.cost_usd < sum(reserved)  # real answers are shorter
+    assert estimate[0] > 4000 * 5.0 / 1e6 and estimate[1] > 4000
+    free = Ledger(Caps(max_cost_usd=1000.0))
+    rows = drive_calls(cfg, kept, 6, free, reserve=estimate)
+    assert [r["status"] for r in rows] == ["ok"] * 6
+    assert free.reserved_usd == pytest.approx(0.0, abs=1e-12)  # all settled
+    assert 0 < free.cost_usd < 6 * estimate[0]  # real answers are shorter
 
-    cap = sum(sorted(reserved)[:2]) + min(reserved) / 2  # room for two reservations
-    out, budget = run("capped", cap)
-    submitted = [r for r in out if r["status"] == "ok"]
-    unissued = [r for r in out if r["status"] == "unissued"]
-    assert 1 <= len(submitted) <= 2 and len(submitted) + len(unissued) == 6
-    assert {r["reason"] for r in unissued} == {"budget"}
-    assert budget.state.stopped_by == "max_cost_usd" and budget.state.cost_usd <= cap
-    assert budget.state.reserved_cost_usd == pytest.approx(0.0, abs=1e-12)
-    sent = [r for r in _log(log) if r.get("kind") == "batch_submit"]
-    assert len(sent) == 6 + len(submitted)  # the probe's six, then only the admitted
+    cap = 2.5 * estimate[0]  # room for two reservations at a time
+    capped = Ledger(Caps(max_cost_usd=cap))
+    before = {r["batch_id"] for r in _log(log) if r.get("kind") == "batch_submit"}
+    rows = drive_calls(recipe("capped", cap), kept, 6, capped, reserve=estimate)
+    assert capped.cost_usd <= cap and capped.reserved_usd == pytest.approx(0.0, abs=1e-12)
+    batches = Counter(
+        r["batch_id"]
+        for r in _log(log)
+        if r.get("kind") == "batch_submit" and r["batch_id"] not in before
+    )
+    # never more out at once than the cap has room for; as answers settle their real
+    # (smaller) cost, the room comes back and the next calls go out
+    assert batches and max(batches.values()) <= 2
+    assert sum(batches.values()) == len(rows) and all(r["status"] == "ok" for r in rows)
 
 
 def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
@@ -385,7 +385,7 @@ def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
         [f"output.dir={tmp_path}", "llm.backend=openai_batch", f"llm.endpoints={json.dumps(two)}"],
     )
     with pytest.raises(ConfigError) as info:
-        build_backend_for(cfg, "gpt-5")
+        build_backend_for(stage_settings(cfg, model="gpt-5"))
     assert info.value.key_path == "llm.endpoints" and "one endpoint" in str(info.value)
     one = load_recipe(
         ROOT / "pipelines" / "airline.yaml",
@@ -395,4 +395,4 @@ def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
             f"llm.endpoints={json.dumps(two[:1])}",
         ],
     )
-    assert isinstance(build_backend_for(one, "gpt-5"), BatchBackend)
+    assert isinstance(build_backend_for(stage_settings(one, model="gpt-5")), BatchBackend)
