@@ -19,6 +19,7 @@ tree (kept in step with the classes below)::
     ├── BudgetExceeded              a cost / token / call cap was reached
     ├── OutputLocked                another run holds the output folder (.lock)
     ├── OutputWriteError            a file of the output or cache could not be written
+    │   └── OutputDamaged           a finished folder's file is not what its manifest says
     ├── Interrupted                 Ctrl-C / SIGTERM, or a worker whose driver is gone
     ├── ServeError                  a pool replica (llm.serve) never became healthy
     └── EnvironmentError_           executable world refused an action (tool error)
@@ -47,6 +48,7 @@ __all__ = [
     "LLMServerError",
     "LLMTimeout",
     "LLMUnavailable",
+    "OutputDamaged",
     "OutputLocked",
     "OutputWriteError",
     "RepairError",
@@ -255,6 +257,19 @@ class OutputWriteError(FactoryError):
             else ("; free space (or fix the permissions) and run the same command again to resume")
         )
         super().__init__(text, **kw)
+
+
+class OutputDamaged(OutputWriteError):
+    """A file of a finished output folder is not what its manifest says (missing,
+    damaged, other rows, unlisted): found before the folder is trusted."""
+
+    reason = "output_damaged"
+
+    def __init__(self, path: Any, problem: str, *, hint: str | None = None, **kw: Any):
+        self.path = str(path)
+        self.problem = problem
+        text = f"{self.path}: {problem}" + (f"; {hint}" if hint else "")
+        FactoryError.__init__(self, text, **kw)
 
 
 def describe_os_error(error: BaseException) -> str:

@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
         help="with --fresh: delete the folder's response cache too (its calls are paid again)",
     )
     p.add_argument(
+        "--other-cache",
+        action="store_true",
+        help="resume with another response cache than the one the folder was started with "
+        "(its answers are not reused: calls already paid for are paid again)",
+    )
+    p.add_argument(
         "--retry-failed",
         action="store_true",
         help="on a finished output folder: issue the calls that failed again",
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh=args.fresh,
             retry_failed=args.retry_failed,
             drop_cache=args.drop_cache,
+            other_cache=args.other_cache,
             started=(process_start_time(), "process start"),
         )
         print(result.summary())

@@ -79,6 +79,7 @@ class Collector:
         self.unstored: list[str] = []  # request ids
         self.unstored_in: list[str] = []  # where they were kept
         self.cache_error: str | None = None
+        self.cache_dir: Path | None = None  # where the response cache lives (a 2nd refuge)
         self.grounding: Counter[str] = Counter()
         # (id, labels) of accepted rows, kept only when a mixture will select from them.
         self.keep_labels = keep_labels
@@ -167,7 +168,9 @@ class Collector:
         if not row.get("unstored"):
             return
         info = json.loads(row["unstored"])
-        where = save_unstored(self.out_dir, [(info["request_id"], info["record"])])
+        where = save_unstored(
+            self.out_dir, [(info["request_id"], info["record"])], cache_dir=self.cache_dir
+        )
         self.unstored.append(info["request_id"])
         if where not in self.unstored_in:
             self.unstored_in.append(where)
@@ -178,7 +181,7 @@ class Collector:
         (files, grounding, diversity, near-duplicates, unstored answers) in the manifest."""
         for w in (self.data, self.surplus, self.rejects, self.failed):
             w.close()
-            self.manifest.files.update(w.files)
+            self.manifest.add_files(w)
         write_dataset_info(self.out_dir, self.dataset_name)
         if self.grounding:
             g: dict[str, float] = dict(self.grounding)

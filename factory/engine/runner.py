@@ -155,6 +155,7 @@ def run(
     fresh: bool = False,
     retry_failed: bool = False,
     drop_cache: bool = False,
+    other_cache: bool = False,
     started: tuple[float, str] | None = None,
 ) -> RunResult:
     """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
@@ -188,7 +189,7 @@ def run(
     cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
     check_cost_cap_priced(cfg)  # before the folder is touched
     with hold_output(out_dir):
-        return _run_locked(cfg, out_dir, progress, fresh, retry_failed, drop_cache)
+        return _run_locked(cfg, out_dir, progress, fresh, retry_failed, drop_cache, other_cache)
 
 
 def _run_locked(
@@ -198,12 +199,24 @@ def _run_locked(
     fresh: bool,
     retry_failed: bool,
     drop_cache: bool,
+    other_cache: bool = False,
 ) -> RunResult:
     from factory.io.runstate import finish_run, prepare_output
 
     mode = prepare_output(
-        cfg, out_dir, fresh=fresh, retry_failed=retry_failed, drop_cache=drop_cache
+        cfg,
+        out_dir,
+        fresh=fresh,
+        retry_failed=retry_failed,
+        drop_cache=drop_cache,
+        other_cache=other_cache,
     )
+    if mode == "rebuild":
+        print(
+            f"{out_dir} was damaged (the warning above names the file); writing it again "
+            "from the response cache: no call is paid twice",
+            file=console(),
+        )
     if mode == "done":
         manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
         result = RunResult(out_dir, manifest.get("totals", {}), manifest)

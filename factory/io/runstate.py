@@ -22,8 +22,9 @@ status (running, stopped, done). Starting a run on a folder:
   only the missing rows are paid for).
 
 Paid responses the cache could not store (disk full) wait in ``OUT/unstored/``
-in the cache's own line format; the next run stores them in the cache before
-anything else, so they are never requested again.
+(where room is reserved for them when a run starts) in the cache's own line
+format; the next run stores them in the cache before anything else, so they are
+never requested again.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -46,12 +46,13 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from factory.config import RecipeConfig
-from factory.errors import ConfigError, OutputLocked, OutputWriteError
+from factory.errors import ConfigError, OutputDamaged, OutputLocked, OutputWriteError
 from factory.io.writer import atomic_write_text, writing
 
 __all__ = [
     "BATCHES_DIR",
     "LOCK_FILE",
+    "RESERVE_FILE",
     "RESUMABLE",
     "UNSTORED_DIR",
     "BatchJournal",
@@ -61,6 +62,7 @@ __all__ = [
     "finish_run",
     "hold_output",
     "prepare_output",
+    "reserve_room",
     "restore_unstored",
     "save_unstored",
     "verify_output",
@@ -235,14 +237,18 @@ def prepare_output(
     fresh: bool,
     retry_failed: bool,
     drop_cache: bool = False,
+    other_cache: bool = False,
 ) -> str:
-    """Get ``out_dir`` ready; returns ``new``, ``resume`` or ``done`` (nothing to do).
+    """Get ``out_dir`` ready; returns ``new``, ``resume``, ``done`` (nothing to do) or
+    ``rebuild`` (a finished folder found damaged: written again from the cache).
 
     Call with the folder's lock held (``hold_output``): this deletes what the
     previous run of the folder generated.
 
     Raises:
         ConfigError: the folder holds a run of a different recipe (keys listed).
+        ConfigError: a resume whose response cache is not the one the folder was
+            started with (key path ``cache.path``), unless ``other_cache``.
         OutputWriteError: paid responses waiting in ``unstored/`` cannot be stored.
     """
     state_path = out_dir / STATE_FILE
@@ -256,6 +262,8 @@ def prepare_output(
     elif state_path.is_file():
         state = json.loads(state_path.read_text(encoding="utf-8"))
         old_recipe = state.get("recipe", {})
+        if not other_cache:
+            _check_same_cache(cfg, out_dir, state.get("cache"))
         changed = changed_keys(old_recipe, recipe)
         if changed:
             raise ConfigError(
@@ -268,8 +276,20 @@ def prepare_output(
             and not retry_failed
             and not _target_changed(old_recipe, recipe)
         ):
-            return "done"
-        mode = "resume"
+            damage = _damage(out_dir)
+            if damage is None:
+                return "done"
+            if not _rebuildable(cfg):
+                raise OutputDamaged(
+                    damage.path,
+                    damage.problem,
+                    hint="the folder's response cache is off, so rebuilding it would pay "
+                    "for its calls again: restore the file, or run with --fresh",
+                )
+            log.warning("%s; rebuilding the folder from the response cache", damage)
+            mode = "rebuild"
+        else:
+            mode = "resume"
     for name in GENERATED:  # rebuilt from the cache; the cache itself is kept
         target = out_dir / name
         with writing(target):
@@ -279,8 +299,57 @@ def prepare_output(
                 target.unlink()
     with writing(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-    _write(out_dir, recipe, "running")
+    if cfg.llm is not None and cfg.cache.enabled:
+        reserve_room(out_dir)
+    _write(out_dir, recipe, "running", cache=_cache_record(cfg, out_dir))
     return mode
+
+
+def _cache_record(cfg: RecipeConfig, out_dir: Path) -> dict[str, str] | None:
+    """What run.json keeps of the response cache: where it is and its identity."""
+    if cfg.llm is None or not cfg.cache.enabled:
+        return None
+    from factory.io.cache import cache_identity
+
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    with writing(location):
+        return {"path": location, "id": cache_identity(location)}
+
+
+def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
+    """Refuse a resume that would use another response cache than the folder's own."""
+    if not isinstance(before, dict) or cfg.llm is None or not cfg.cache.enabled:
+        return
+    from factory.io.cache import cache_entries, cache_identity
+
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    old_path = str(before.get("path") or "")
+    same = Path(location).exists() and cache_identity(location) == before.get("id")
+    if same:
+        return
+    held = cache_entries(old_path)
+    raise ConfigError(
+        f"{out_dir} was started with the response cache {old_path} (id {before.get('id')}); "
+        f"this run would use {location}, which is another cache"
+        + (f": the {held} answers stored in the first would be paid for again" if held else "")
+        + ". Point cache.path at the first cache, or pass --other-cache to resume with this "
+        "one anyway (or --fresh to start over)",
+        key_path="cache.path",
+    )
+
+
+def _damage(out_dir: Path) -> OutputDamaged | None:
+    """What is wrong with a finished folder (a file missing, damaged, unlisted), or None."""
+    try:
+        verify_output(out_dir, checksums=True)
+    except OutputDamaged as exc:
+        return exc
+    return None
+
+
+def _rebuildable(cfg: RecipeConfig) -> bool:
+    """Whether a run can write its folder again without paying: no LLM, or a cache."""
+    return cfg.llm is None or cfg.pipeline != "amplify" or cfg.cache.enabled
 
 
 def _target_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -345,6 +414,7 @@ def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> N
         "stopped" if stopped_by else "done",
         stopped_by=stopped_by,
         totals=manifest.get("totals"),
+        cache=_read_state(out_dir).get("cache"),
     )
 
 
@@ -361,7 +431,7 @@ def _rows_in(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
 
 
-def verify_output(out_dir: Path) -> dict[str, Any]:
+def verify_output(out_dir: Path, *, checksums: bool = False) -> dict[str, Any]:
     """Check that every file the manifest lists is on disk with its row count and that
     the listed folders hold no other file; returns the manifest.
 
@@ -369,22 +439,36 @@ def verify_output(out_dir: Path) -> dict[str, Any]:
     wrote into or deleted from the folder (or a write was lost), the run must not
     end as ``done``.
 
+    Checksums (``manifest.checksums``, SHA-256 per file) are compared too when
+    ``checksums`` is set: a shard with flipped bytes keeps its row count.
+
     Raises:
-        OutputWriteError: a listed file is missing or has other rows, or an unlisted
-            file sits among the shards.
+        OutputWriteError: a listed file is missing, damaged (another checksum,
+            unreadable) or has other rows, or an unlisted file sits among the shards.
     """
+    from factory.io.writer import file_sha256
+
     path = out_dir / "manifest.json"
     if not path.is_file():
-        raise OutputWriteError(path, "missing at the end of the run")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+        raise OutputDamaged(path, "missing at the end of the run")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise OutputDamaged(path, f"not a readable manifest ({exc})") from exc
     listed: dict[str, int] = manifest.get("files") or {}
+    sums: dict[str, str] = manifest.get("checksums") or {}
     for rel, rows in listed.items():
         file = out_dir / rel
         if not file.is_file():
-            raise OutputWriteError(file, "listed in the manifest but not on disk")
-        found = _rows_in(file)
+            raise OutputDamaged(file, "listed in the manifest but not on disk")
+        if checksums and rel in sums and file_sha256(file) != sums[rel]:
+            raise OutputDamaged(file, "damaged: its SHA-256 is not the manifest's")
+        try:
+            found = _rows_in(file)
+        except Exception as exc:  # a torn Parquet footer, or any reader error
+            raise OutputDamaged(file, f"unreadable ({type(exc).__name__}: {exc})") from exc
         if found != rows:
-            raise OutputWriteError(file, f"holds {found} rows, the manifest says {rows}")
+            raise OutputDamaged(file, f"holds {found} rows, the manifest says {rows}")
     for sub in LISTED_DIRS:
         folder = out_dir / sub
         if not folder.is_dir():
@@ -392,19 +476,70 @@ def verify_output(out_dir: Path) -> dict[str, Any]:
         for file in sorted(folder.rglob("*")):
             rel = file.relative_to(out_dir).as_posix()
             if file.is_file() and rel not in listed:
-                raise OutputWriteError(file, "on disk but not written by this run")
+                raise OutputDamaged(file, "on disk but not written by this run")
     return manifest
 
 
 # -- paid responses the cache could not store -----------------------------------------------
 
 
-def save_unstored(out_dir: Path, entries: list[tuple[str, dict[str, Any]]]) -> str:
+RESERVE_FILE = ".reserve"  # in OUT/unstored/: room kept for paid answers on a full disk
+RESERVE_BYTES = 16 << 20  # ~500 answers; at most the requests in flight ever need it
+
+
+def reserve_room(out_dir: Path, size: int = RESERVE_BYTES) -> bool:
+    """Set aside disk space under ``OUT/unstored/`` for paid answers the cache may refuse.
+
+    Why: when the output folder's volume fills up, the cache refuses answers already
+    paid for, and the folder they should be kept in is on the same full volume (issue
+    22: 48 paid answers went to ``/tmp`` and the resume paid them again). With room
+    reserved (allocated, not sparse), ``save_unstored`` gives the reserve back and
+    writes the answers in its place. At most a quarter of the free space is taken.
+    Returns whether room was reserved (a filesystem without ``fallocate`` has none).
+    """
+    folder = out_dir / UNSTORED_DIR
+    path = folder / RESERVE_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if path.is_file() and path.stat().st_size > 0:
+            return True
+        free = shutil.disk_usage(folder).free
+        size = min(size, free // 4)
+        if size <= 0:
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        return True
+    except OSError as exc:
+        log.info("no room reserved for unstored answers in %s: %s", folder, exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+
+
+def _write_unstored(folder: Path, name: str, data: bytes, out_dir: Path) -> None:
+    try:
+        atomic_write_text(folder / name, data.decode(), out_dir)
+    except OutputWriteError:
+        reserve = folder / RESERVE_FILE
+        if not reserve.is_file():
+            raise
+        reserve.unlink()  # the room set aside for exactly this: take it
+        atomic_write_text(folder / name, data.decode(), out_dir)
+
+
+def save_unstored(
+    out_dir: Path, entries: list[tuple[str, dict[str, Any]]], cache_dir: Path | None = None
+) -> str:
     """Keep paid responses the cache refused, in the cache's line format; returns where.
 
-    Tried in order: ``OUT/unstored/`` (restored into the cache by the next run), the
-    system temp folder (another volume, usually), and as a last resort stderr: a
-    response is never dropped silently.
+    Tried in order: ``OUT/unstored/`` (its reserved room taken if the disk is full:
+    ``reserve_room``), the cache's own folder (``CACHE/unstored/``, when the cache lives
+    elsewhere), and as a last resort the console (stderr): never a temporary folder a
+    resume would not read. The next run stores them in the cache before anything else.
     """
     from factory.io.cache import encode_line
 
@@ -414,24 +549,24 @@ def save_unstored(out_dir: Path, entries: list[tuple[str, dict[str, Any]]]) -> s
     # Nanoseconds first: files sort in the order they were written (two saves within
     # one second kept their order only by chance with a seconds stamp).
     name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
-    try:
-        atomic_write_text(out_dir / UNSTORED_DIR / name, data.decode(), out_dir)
-        return str(out_dir / UNSTORED_DIR) + "/"
-    except OutputWriteError as exc:
-        first_error = str(exc)
-    fallback = Path(tempfile.gettempdir()) / f"factory-unstored-{name}"
-    try:
-        with writing(fallback):
-            fallback.write_bytes(data)
-        return (
-            f"{fallback} ({first_error}); move it into {out_dir / UNSTORED_DIR}/ "
-            "so the next run stores it in the cache"
-        )
-    except OutputWriteError:
-        pass
-    sys.stderr.write("factory: unstored responses (cache lines) follow\n")
+    errors = []
+    places = [out_dir]
+    if cache_dir is not None and Path(cache_dir).resolve() != (out_dir / CACHE_DIR).resolve():
+        places.append(Path(cache_dir))
+    for base in places:
+        folder = base / UNSTORED_DIR
+        try:
+            _write_unstored(folder, name, data, base)
+            return str(folder) + "/"
+        except (OutputWriteError, OSError) as exc:
+            errors.append(str(exc))
+    sys.stderr.write(
+        "factory: paid responses that could not be written anywhere follow, in the cache's "
+        f"line format ({'; '.join(errors)}); save them into {out_dir / UNSTORED_DIR}/ as a "
+        ".jsonl file and the next run stores them in the cache\n"
+    )
     sys.stderr.write(data.decode())
-    return "stderr (no folder could be written)"
+    return "stderr (no folder could be written: " + "; ".join(errors) + ")"
 
 
 def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
@@ -442,13 +577,16 @@ def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
         OutputWriteError: the cache still refuses writes (no call may be issued until
             it accepts them, or the answers would be lost again).
     """
-    folder = out_dir / UNSTORED_DIR
-    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
-    if not files or not cfg.cache.enabled:
+    if not cfg.cache.enabled:
         return 0
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    folders = [out_dir / UNSTORED_DIR, Path(location) / UNSTORED_DIR]
+    files = sorted(f for d in dict.fromkeys(folders) if d.is_dir() for f in d.glob("*.jsonl"))
+    if not files:
+        return 0
+    folder = folders[0]
     from factory.io.cache import ResponseCache, decode_line
 
-    location = cfg.cache.path or str(out_dir / CACHE_DIR)
     stored = 0
     try:
         with ResponseCache(location) as cache:
@@ -471,8 +609,6 @@ def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
         ) from exc
     for file in files:
         file.unlink()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
     log.info("stored %d paid responses from %s in the response cache %s", stored, folder, location)
     return stored
 

@@ -18,6 +18,7 @@ Layout::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ __all__ = [
     "RejectWriter",
     "ShardWriter",
     "atomic_write_text",
+    "file_sha256",
     "write_dataset_info",
     "writing",
 ]
@@ -95,6 +97,15 @@ def atomic_write_text(path: Path, text: str, out_dir: Path | None = None) -> Non
                 tmp.unlink()
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (the manifest records one per shard)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class ShardWriter:
     """Buffer rows and write Parquet shards of at most ``shard_rows`` rows.
 
@@ -118,6 +129,7 @@ class ShardWriter:
         self.index = start_index
         self.rows_written = 0
         self.files: dict[str, int] = {}  # path relative to out_dir -> rows written
+        self.checksums: dict[str, str] = {}  # path relative to out_dir -> sha256 of the file
         self._buffer: list[dict[str, Any]] = []
 
     def add(self, row: dict[str, Any]) -> None:
@@ -139,11 +151,14 @@ class ShardWriter:
             tmp = _tmp_path(self.out_dir, name)
             try:
                 pq.write_table(table, tmp, compression="zstd")
+                digest = file_sha256(tmp)
                 os.replace(tmp, self.dir / name)
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-        self.files[(self.dir / name).relative_to(self.out_dir).as_posix()] = len(self._buffer)
+        rel = (self.dir / name).relative_to(self.out_dir).as_posix()
+        self.files[rel] = len(self._buffer)
+        self.checksums[rel] = digest
         self.rows_written += len(self._buffer)
         self.index += 1
         self._buffer = []
@@ -166,6 +181,7 @@ class RejectWriter:
         self.index = 0
         self.rows_written = 0
         self.files: dict[str, int] = {}  # path relative to out_dir -> rows written
+        self.checksums: dict[str, str] = {}  # path relative to out_dir -> sha256 of the file
         self._buffer: list[str] = []
 
     def add(self, row: dict[str, Any]) -> None:
@@ -177,8 +193,11 @@ class RejectWriter:
         if not self._buffer:
             return
         name = f"part-{self.index:05d}.jsonl"
-        atomic_write_text(self.dir / name, "\n".join(self._buffer) + "\n", self.out_dir)
-        self.files[(self.dir / name).relative_to(self.out_dir).as_posix()] = len(self._buffer)
+        text = "\n".join(self._buffer) + "\n"
+        atomic_write_text(self.dir / name, text, self.out_dir)
+        rel = (self.dir / name).relative_to(self.out_dir).as_posix()
+        self.files[rel] = len(self._buffer)
+        self.checksums[rel] = hashlib.sha256(text.encode("utf-8")).hexdigest()
         self.rows_written += len(self._buffer)
         self.index += 1
         self._buffer = []
@@ -261,12 +280,19 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     # Every file the run wrote (path relative to the output folder -> rows), so the
-    # manifest lists exactly what is on disk (``runstate.verify_output`` checks it).
+    # manifest lists exactly what is on disk (``runstate.verify_output`` checks it), and
+    # each file's SHA-256 (a damaged shard is found before a run says "already complete").
     files: dict[str, int] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
     # What ``started`` is ("process start" for the CLI): the printed summary, the
     # manifest and a person timing the command then read one wall time.
     wall_time_from: str = "manifest created"
     finished: float | None = None  # set by write(): later to_dict() calls agree with the file
+
+    def add_files(self, writer: Any) -> None:
+        """List what a ``ShardWriter`` / ``RejectWriter`` wrote: rows and checksums."""
+        self.files.update(writer.files)
+        self.checksums.update(getattr(writer, "checksums", {}))
 
     def reason(self, stage: str, code: str, n: int = 1) -> None:
         self.reasons.setdefault(stage, Counter())[code] += n
@@ -283,6 +309,7 @@ class Manifest:
             "stages": self.stages,
             "reasons": {s: dict(sorted(c.items())) for s, c in self.reasons.items()},
             "files": dict(sorted(self.files.items())),
+            "checksums": dict(sorted(self.checksums.items())),
             **self.extra,
         }
 

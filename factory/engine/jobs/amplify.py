@@ -42,7 +42,7 @@ from factory.engine.loop import Bar, Job
 from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
-from factory.engine.settings import LLMStageSettings, llm_stages
+from factory.engine.settings import LLMStageSettings, cache_location, llm_stages
 from factory.engine.stages.amplify import amplify_template, build_amplify, seed_order
 from factory.engine.stages.base import FAILED, OK, UNISSUED, StageSpec, reject
 from factory.engine.stages.postprocess import build_postprocess
@@ -164,7 +164,8 @@ class SeedSide:
     def close(self, manifest: Manifest, retries: dict[str, int]) -> None:
         self.rejects.close()
         self.failed.close()
-        manifest.files.update({**self.rejects.files, **self.failed.files})
+        manifest.add_files(self.rejects)
+        manifest.add_files(self.failed)
         manifest.extra["seeds"] = {**self.counts, "reasons": self.reasons, "retries": retries}
 
     def error(self) -> SeedError:
@@ -280,6 +281,12 @@ class AmplifyPlanner:
         return out
 
     # -- seeds ----------------------------------------------------------------------------
+    def unread_seeds(self) -> int:
+        """Read (and count) the seed records never issued: a stop came first."""
+        left = 0 if self.seeds_read_all else sum(1 for _ in self._records)
+        self.seeds_read_all = True
+        return left
+
     def _issue_seeds(self, n: int) -> list[Item]:
         items: list[Item] = []
         while len(items) < n and not self.seeds_read_all:
@@ -366,6 +373,8 @@ class AmplifyJob(Job):
         )
         if cfg.mixture:
             self.collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
+        cache = cache_location(cfg)
+        self.collector.cache_dir = Path(cache) if cache else None
         self.seed_side = SeedSide(out_dir)
 
         def start_calls(kept: dict[str, str]) -> None:
@@ -400,6 +409,14 @@ class AmplifyJob(Job):
         """Close the writers; the job's manifest sections (the ledger adds its own)."""
         cfg, planner, collector = self.cfg, self.amplify_planner, self.collector
         assert cfg.amplify is not None and cfg.llm is not None
+        if stopped_by is not None and planner.phase == "seeds":
+            # a stop (a cap) left seeds unread: they count as unissued, as a judge call
+            # refused in flight does; nothing was decided about them
+            left = planner.unread_seeds()
+            self.seed_side.counts["total"] += left
+            self.seed_side.counts["unissued"] += left
+            if "prefilter" in self.llm_settings:
+                ledger.spend["prefilter"].unissued += left
         seed_retries = ledger.spend["prefilter"].retries if "prefilter" in ledger.spend else {}
         self.seed_side.close(self.manifest, dict(seed_retries))
         if (
@@ -528,7 +545,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     data.close()
     collector.candidate_rows = collector.diversity.rows
     collector.diversity = selected
-    collector.manifest.files.update(data.files)
+    collector.manifest.add_files(data)
     if selection.shortfall and not mx.allow_shortfall:
         raise SeedError("shortfall", f"mixture quotas not met: {selection.shortfall}")
     return {**selection.summary(), "written": data.rows_written, "report": selection.report()}

@@ -473,7 +473,7 @@ class EnvsimJob(Job):
             }
         write_dataset_info(out_dir, cfg.output.dataset_name, formatting="alpaca", splits=splits)
         for writer in writers:
-            manifest.files.update(writer.files)
+            manifest.add_files(writer)
         groups = Counter(
             s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
         )

@@ -138,7 +138,8 @@ def _run_part(
     """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
     from factory.io.runstate import finish_run, prepare_output
 
-    mode = prepare_output(sub, part_dir, fresh=False, retry_failed=False)
+    # the mixed run's own folder checked the shared cache already
+    mode = prepare_output(sub, part_dir, fresh=False, retry_failed=False, other_cache=True)
     if mode == "done":
         manifest = json.loads((part_dir / "manifest.json").read_text(encoding="utf-8"))
         return manifest, None
@@ -206,7 +207,7 @@ def run_mix(
         stopped_by = stopped_by or part_stop
         error = error or part_manifest.get("error")
     data.close()
-    manifest.files.update(data.files)
+    manifest.add_files(data)
     write_dataset_info(out_dir, cfg.output.dataset_name)
     manifest.extra.update(
         pipeline="amplify",
