@@ -129,6 +129,38 @@ def test_amplify_with_defects_accounts_for_every_call(ray_session, devserver, tm
     assert manifest["generated_with_devserver"] is True
 
 
+def test_the_same_recipe_and_cache_write_the_same_shards_byte_for_byte(
+    ray_session, devserver, tmp_path
+) -> None:
+    """Rows arrive in whatever order the calls race (a heavy-tailed server), are used in
+    call order, so a second run answered from the first one's cache writes the same
+    dataset: every shard byte for byte, without one request reaching the server."""
+    log = tmp_path / "requests.jsonl"
+    content_defects = {"malformed_json": 0.1, "unknown_tool": 0.1, "wrong_arg_type": 0.1}
+    server = devserver(
+        seed=6,
+        defects=content_defects,
+        latency="lognormal",
+        latency_ms=30.0,
+        latency_p99_ratio=10.0,
+        request_log=str(log),
+    )
+    shared = (f"cache.path={tmp_path / 'cache'}", "output.shard_rows=16")
+    first, second = tmp_path / "first", tmp_path / "second"
+    a = run(recipe("airline.yaml", first, *dev_overrides(server.url, target=60), *shared), first)
+    asked = len(log.read_text().splitlines())
+    b = run(recipe("airline.yaml", second, *dev_overrides(server.url, target=60), *shared), second)
+    assert a.totals["accepted"] == b.totals["accepted"] == 60 and a.totals["rejected"] > 0
+    assert len(log.read_text().splitlines()) == asked  # all from the cache
+    shards = sorted(p.relative_to(first) for p in first.glob("data/*.parquet"))
+    assert len(shards) == 4 and shards == sorted(
+        p.relative_to(second) for p in second.glob("data/*.parquet")
+    )
+    for shard in shards:
+        assert (first / shard).read_bytes() == (second / shard).read_bytes(), shard
+    assert len(read_rows(first)) == 60
+
+
 def test_amplify_without_defects_hits_target_exactly(ray_session, devserver, tmp_path) -> None:
     server = devserver(seed=2)
     out = tmp_path / "out"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from factory.config import load_recipe
@@ -42,3 +44,90 @@ def test_prepare_output_resume_refuse_fresh_done(tmp_path) -> None:
     assert (out / "cache" / "w.jsonl").exists()  # paid for: --fresh keeps it
     assert prepare_output(other, out, fresh=True, retry_failed=False, drop_cache=True) == "new"
     assert not (out / "cache").exists()
+
+
+def test_a_resume_with_another_response_cache_is_refused_unless_asked(tmp_path) -> None:
+    out = tmp_path / "o"
+    first = load_recipe(ROOT / "pipelines/airline.yaml", [f"cache.path={tmp_path / 'c1'}"])
+    assert prepare_output(first, out, fresh=False, retry_failed=False) == "new"
+    (tmp_path / "c1" / "w.jsonl").write_text("{}\n{}\n")  # two paid answers
+    assert prepare_output(first, out, fresh=False, retry_failed=False) == "resume"
+    other = load_recipe(ROOT / "pipelines/airline.yaml", [f"cache.path={tmp_path / 'c2'}"])
+    with pytest.raises(ConfigError) as info:
+        prepare_output(other, out, fresh=False, retry_failed=False)
+    assert info.value.key_path == "cache.path" and "--other-cache" in str(info.value)
+    assert str(tmp_path / "c1") in str(info.value) and "2 answers" in str(info.value)
+    assert prepare_output(other, out, fresh=False, retry_failed=False, other_cache=True)
+    # a deleted cache is another cache too
+    shutil.rmtree(tmp_path / "c2")
+    with pytest.raises(ConfigError):
+        prepare_output(other, out, fresh=False, retry_failed=False)
+
+
+def test_a_damaged_finished_folder_is_rebuilt_or_refused_naming_the_file(tmp_path) -> None:
+    from factory.errors import OutputDamaged
+    from factory.io.runstate import finish_run, verify_output
+    from factory.io.writer import Manifest, ShardWriter
+
+    cfg = load_recipe(ROOT / "pipelines/airline.yaml")
+    out = tmp_path / "o"
+    prepare_output(cfg, out, fresh=False, retry_failed=False)
+    writer = ShardWriter(out, shard_rows=2)
+    row = {"conversations": [{"from": "human", "value": "hi"}], "system": "", "tools": ""}
+    writer.extend({**row, "id": f"r{i}", "meta": "{}"} for i in range(3))
+    writer.close()
+    manifest = Manifest("r", "h")
+    manifest.add_files(writer)
+    manifest.write(out, total=3, accepted=3)
+    finish_run(cfg, out, stopped_by=None)
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "done"
+    shard = out / "data" / "part-00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the row count may still read fine
+    shard.write_bytes(bytes(data))
+    with pytest.raises(OutputDamaged) as info:
+        verify_output(out, checksums=True)
+    assert str(shard) in str(info.value)
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "rebuild"
+    assert not shard.exists()  # the generated files go; the cache stays for the rebuild
+    no_cache = load_recipe(ROOT / "pipelines/airline.yaml", ["cache.enabled=false"])
+    shutil.copytree(tmp_path / "o", tmp_path / "o2")
+    finish_run_again = tmp_path / "o2"
+    writer = ShardWriter(finish_run_again, shard_rows=5)
+    writer.extend({**row, "id": f"r{i}", "meta": "{}"} for i in range(3))
+    writer.close()
+    manifest = Manifest("r", "h")
+    manifest.add_files(writer)
+    manifest.write(finish_run_again, total=3, accepted=3)
+    finish_run(no_cache, finish_run_again, stopped_by=None)
+    (finish_run_again / "data" / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(OutputDamaged) as info:
+        prepare_output(no_cache, finish_run_again, fresh=False, retry_failed=False)
+    assert "part-00000.parquet" in str(info.value) and info.value.exit_code == 7
+
+
+def test_room_is_reserved_for_paid_answers_and_taken_when_the_disk_is_full(
+    tmp_path, monkeypatch
+) -> None:
+    from factory.io import runstate
+    from factory.io.runstate import RESERVE_FILE, UNSTORED_DIR, reserve_room, save_unstored
+
+    out = tmp_path / "o"
+    assert reserve_room(out, size=1 << 16)
+    reserve = out / UNSTORED_DIR / RESERVE_FILE
+    assert reserve.stat().st_blocks * 512 >= 1 << 16  # allocated, not sparse
+    real = runstate.atomic_write_text
+    calls = {"n": 0}
+
+    def full_once(path, text, base=None):  # the first write finds the disk full
+        calls["n"] += 1
+        if calls["n"] == 1:
+            from factory.errors import OutputWriteError
+
+            raise OutputWriteError(path, OSError(28, "No space left on device"))
+        return real(path, text, base)
+
+    monkeypatch.setattr(runstate, "atomic_write_text", full_once)
+    where = save_unstored(out, [("amplify-1", {"text": "paid"})])
+    assert where == str(out / UNSTORED_DIR) + "/" and not reserve.exists()
+    assert len(list((out / UNSTORED_DIR).glob("*.jsonl"))) == 1
