@@ -41,6 +41,7 @@ __all__ = [
     "ProgressBar",
     "console",
     "expected_error",
+    "plain_line",
     "process_start_time",
     "quiet_ray",
     "run_clock",
@@ -294,15 +295,34 @@ class ProgressBar(tqdm):
 
 class Bars:
     """The run's progress lines, one ``ProgressBar`` per name (``factory.engine.loop.Bar``),
-    each on its own line, in the order they first appear (seed check, judge, calls)."""
+    each on its own line, in the order they first appear (seed check, judge, calls).
 
-    def __init__(self, *, enabled: bool = True, unit: str = "row") -> None:
+    Without a terminal (``ray job submit``, a log file) redrawn bars would be a wall of
+    escape codes: each bar is printed as one plain line instead, when it starts, every
+    ``every_s`` seconds while it moves, and when it is done.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        unit: str = "row",
+        every_s: float = 10.0,
+        tty: bool | None = None,
+    ) -> None:
         self.enabled = enabled
         self.unit = unit
+        self.every_s = every_s
+        self.tty = _isatty(console()) if tty is None else tty
         self._bars: dict[str, ProgressBar] = {}
+        self._printed: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        self._rates: dict[str, PhaseRate] = {}
 
     def show(self, bars: Any) -> None:
         if not self.enabled:
+            return
+        if not self.tty:
+            self._lines(bars)
             return
         for bar in bars:
             pb = self._bars.get(bar.name)
@@ -328,10 +348,45 @@ class Bars:
             if bar.done or time.time() - pb.last_print_t >= 0.5:  # the clock moves, too
                 pb.refresh()
 
+    def _lines(self, bars: Any) -> None:
+        now = time.time()
+        for bar in bars:
+            rate = self._rates.setdefault(bar.name, PhaseRate())
+            rate.observe(bar.n, time.monotonic())
+            state = (bar.n, bar.total, bar.done)
+            last = self._printed.get(bar.name)
+            changed = last is None or last[1] != state
+            due = last is None or now - last[0] >= self.every_s
+            if not (changed and (due or bar.done)):
+                continue
+            self._printed[bar.name] = (now, state)
+            print(
+                plain_line(bar, rate.rate(time.monotonic()), self.unit), file=console(), flush=True
+            )
+
     def close(self) -> None:
         for pb in self._bars.values():
             pb.close()
         self._bars.clear()
+
+
+def plain_line(bar: Any, rate: float | None, unit: str = "row") -> str:
+    """One progress line for a log: ``accepted: 40/60 (67%), 12.5 row/s, calls=92``."""
+    total = f"/{bar.total}" if bar.total else ""
+    share = f" ({100 * bar.n // bar.total}%)" if bar.total else ""
+    parts = [f"{bar.name}: {bar.n}{total}{share}"]
+    if rate:
+        parts.append(f"{rate:.1f} {unit}/s")
+    if bar.postfix:
+        parts.append(", ".join(f"{k}={v}" for k, v in bar.postfix.items()))
+    return ", ".join(parts) + (" (done)" if bar.done else "")
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 # --- why nothing survived ----------------------------------------------------------------

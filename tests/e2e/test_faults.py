@@ -8,6 +8,7 @@ on the code of issue 8 each stall held its batch and block for the whole stall.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -61,3 +62,41 @@ def test_stalls_and_a_heavy_tail_cost_a_bounded_multiple_of_a_clean_run(
     retries = storm.manifest["retries"]
     assert retries.get("llm_timeout", 0) >= stalls - 1  # hung attempts were cut and retried
     assert retries.get("llm_rate_limited", 0) > 0
+
+
+def test_an_endpoint_that_refuses_connections_is_named_then_the_run_stops_with_exit_8(
+    tmp_path,
+) -> None:
+    """Nothing listens at the endpoint: the console names it within 30 s of the start,
+    and once no call succeeded for ``llm.stall_s`` the run stops, resumable, exit 8."""
+    import os
+    import subprocess
+    import tempfile
+
+    from factory.errors import EXIT_UNREACHABLE
+    from tests.helpers import cli_args, free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "o"
+    args = cli_args(out, *dev_overrides(dead, target=5), "llm.stall_s=25")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")}
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ru", dir="/tmp")
+    proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[tuple[float, str]] = []
+    try:
+        for line in proc.stderr:
+            lines.append((time.monotonic(), line.rstrip()))
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    started = next(t for t, line in lines if line.startswith("log (Ray's messages"))
+    named = [t for t, line in lines if line.startswith(f"warning: endpoint {dead}")]
+    text = "\n".join(line for _, line in lines)
+    assert named and named[0] - started <= 30, text
+    assert "refuses or fails every request" in text and "connect" in text.lower()
+    assert code == EXIT_UNREACHABLE, text
+    assert "no LLM call succeeded" in text and "llm.stall_s" in text
+    assert json.loads((out / "run.json").read_text())["status"] == "stopped"

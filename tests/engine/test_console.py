@@ -120,3 +120,24 @@ def test_expected_errors_come_back_from_ray_tasks_and_actors(ray_session) -> Non
         EXIT_CONFIG,
     )
     assert expected_error(ValueError("factory.errors.SeedError: not from Ray")) is None
+
+
+def test_without_a_terminal_each_bar_is_a_plain_line_now_and_then(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from factory.engine.console import Bars
+    from factory.engine.loop import Bar
+
+    bars = Bars(tty=False, every_s=3600)
+    bars.show([Bar("seeds checked", 0, None)])
+    bars.show([Bar("seeds checked", 5, None)])  # not due: nothing printed
+    bars.show([Bar("seeds checked", 41, 41, {"kept": 40}, done=True)])  # done: printed
+    bars.show([Bar("seeds checked", 41, 41, {"kept": 40}, done=True)])  # unchanged: not
+    bars.show([Bar("accepted", 0, 60)])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "seeds checked: 0",
+        "seeds checked: 41/41 (100%), kept=40 (done)",
+        "accepted: 0/60 (0%)",
+    ]
+    assert "\x1b" not in "".join(lines) and "\r" not in "".join(lines)
