@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_error(result.error, result.exit_code)
         return result.exit_code
     except KeyboardInterrupt as exc:
-        return _interrupted(interrupts.signal_name(exc), argv)
+        # the signal our handler saw first: Ray's C++ wait may re-raise a bare interrupt
+        return _interrupted(interrupts.received() or interrupts.signal_name(exc), argv)
     except FactoryError as exc:
         if interrupts.received():  # Ray torn down under us by the same Ctrl-C
             return _interrupted(interrupts.received() or "SIGINT", argv)

@@ -100,6 +100,11 @@ class Ledger:
         self.reserved_usd = 0.0
         self.reserved_tokens = 0
         self.last_success: float | None = None  # a completed LLM answer (wall clock)
+        # What one LLM item costs lately (moving average): items in flight are counted at
+        # it against the caps, so a cap is overshot by the variance of what is in flight,
+        # not by everything the workers hold.
+        self.item_cost: float | None = None
+        self.item_tokens: float | None = None
         self.timeline: list[list[float]] = []
         self._timeline_every = TIMELINE_EVERY_S
         self._timeline_last = 0.0
@@ -151,6 +156,7 @@ class Ledger:
         """Count what one item's rows spent (they may still be rejected later)."""
         self.results += 1
         self.release(*reserved)
+        self._item_average(result)
         for row in result.rows:
             self.rows_arrived += 1
             stage = row.get("llm_stage")
@@ -175,6 +181,23 @@ class Ledger:
             if row.get("completion") or row.get("output") or row.get("verdict"):
                 self.last_success = time.time()
         self.sample()
+
+    def _item_average(self, result: ItemResult, weight: float = 0.1) -> None:
+        rows = [r for r in result.rows if r.get("llm_stage") and r.get("usage")]
+        if not rows:
+            return
+        cost = sum(float(r.get("cost_usd") or 0.0) for r in rows)
+        tokens = 0
+        for row in rows:
+            usage = json.loads(row["usage"])
+            tokens += int(usage.get("prompt_tokens") or 0) + int(
+                usage.get("completion_tokens") or 0
+            )
+        if self.item_cost is None or self.item_tokens is None:
+            self.item_cost, self.item_tokens = cost, float(tokens)
+        else:
+            self.item_cost += weight * (cost - self.item_cost)
+            self.item_tokens += weight * (tokens - self.item_tokens)
 
     # -- decisions (in order) -------------------------------------------------------------
     def decided(self, row: dict[str, Any], kind: str) -> None:
@@ -211,14 +234,19 @@ class Ledger:
         n = wanted
         if self.caps.max_calls is not None:
             n = min(n, self.caps.max_calls - self.calls - in_flight)
-        cost, tokens = estimate
+        reserved_each = estimate != (0.0, 0)  # a batched backend reserves per item
+        cost = max(estimate[0], self.item_cost or 0.0)
+        tokens = max(float(estimate[1]), self.item_tokens or 0.0)
+        unreserved = 0 if reserved_each else in_flight  # in flight, counted at the average
         if cost > 0 and self.caps.max_cost_usd is not None:
-            left = self.caps.max_cost_usd - self.cost_usd - self.reserved_usd
+            left = self.caps.max_cost_usd - self.cost_usd - self.reserved_usd - unreserved * cost
             n = min(n, int(left // cost))
         if tokens > 0 and self.caps.max_tokens is not None:
             left_t = self.caps.max_tokens - self.run_tokens - self.reserved_tokens
-            n = min(n, int(left_t // tokens))
+            n = min(n, int((left_t - unreserved * tokens) // tokens))
         n = max(0, n)
+        if n == 0 and in_flight == 0 and wanted > 0 and not reserved_each:
+            n = 1 if self.caps.max_calls is None or self.calls < self.caps.max_calls else 0
         if n == 0 and in_flight == 0 and wanted > 0:
             self.stopped_by = self.stopped_by or self._binding_cap(estimate)
         return n

@@ -61,6 +61,12 @@ class Planner(Protocol):
         next index of its stream; [] when nothing should go out now."""
         ...
 
+    def wanted(self, result: ItemResult) -> bool:
+        """Whether a result (in index order) still counts: False drops it unfiled (work
+        issued ahead that the job no longer needs, e.g. episodes past the one that met
+        the quotas; a paid answer past the target is wanted: it goes to surplus)."""
+        ...
+
     def observe(self, result: ItemResult) -> None:
         """A result, in index order, after the sink filed its rows."""
         ...
@@ -172,6 +178,8 @@ def drive(
             sink.arrived(result)
             reorder.add(result)
         for result in reorder.release():
+            if not planner.wanted(result):
+                continue
             for row in result.rows:
                 kind = sink.add(row)
                 if kind is not None and kind != "unissued":

@@ -305,15 +305,18 @@ def prepare_output(
     return mode
 
 
-def _cache_record(cfg: RecipeConfig, out_dir: Path) -> dict[str, str] | None:
+def _cache_record(cfg: RecipeConfig, out_dir: Path) -> dict[str, str | None] | None:
     """What run.json keeps of the response cache: where it is and its identity."""
     if cfg.llm is None or not cfg.cache.enabled:
         return None
     from factory.io.cache import cache_identity
 
     location = cfg.cache.path or str(out_dir / CACHE_DIR)
-    with writing(location):
+    try:
         return {"path": location, "id": cache_identity(location)}
+    except OSError as exc:  # the cache refuses writes: the run stops at its first answer
+        log.warning("response cache %s has no identity yet: %s", location, exc)
+        return {"path": location, "id": None}
 
 
 def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
@@ -324,9 +327,15 @@ def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
 
     location = cfg.cache.path or str(out_dir / CACHE_DIR)
     old_path = str(before.get("path") or "")
-    same = Path(location).exists() and cache_identity(location) == before.get("id")
-    if same:
-        return
+    if before.get("id") is None:  # the first run could not mark its cache: paths decide
+        if Path(location).resolve() == Path(old_path).resolve():
+            return
+    else:
+        try:
+            if Path(location).exists() and cache_identity(location) == before["id"]:
+                return
+        except OSError:
+            pass
     held = cache_entries(old_path)
     raise ConfigError(
         f"{out_dir} was started with the response cache {old_path} (id {before.get('id')}); "

@@ -321,7 +321,7 @@ def test_raising_the_target_of_a_finished_run_continues_it_paying_only_for_new_r
         recipe("airline.yaml", out, *dev_overrides(server.url, target=20)), out, progress=False
     )
     assert first.totals["accepted"] == 20 and first.exit_code == 0
-    assert first.manifest["calls"]["rounds"] >= 2  # malformed answers: a second round
+    assert first.manifest["calls"]["issued"] > 20  # malformed answers: more calls than rows
     paid_first = _cache_entries(out)
 
     more = run(

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def test_a_refused_cache_write_keeps_the_answer_counts_it_and_stops_new_calls(
         assert info["record"]["text"] == r["completion"] and r["cost_usd"] > 0
         assert "ENOTDIR" in info["error"] and str(cache_path.parent) in info["error"]
     assert all(r["cost_usd"] > 0 and r["paid_usd"] == r["cost_usd"] for r in kept)
-    assert sum(r["calls"] or 0 for r in rows) == len(kept)  # what the run's ledger counts
+    assert sum(r.get("calls") or 0 for r in rows) == len(kept)  # what the run's ledger counts
 
 
 def test_unstored_answers_are_kept_in_cache_format_and_stored_by_the_next_run(
@@ -124,31 +125,35 @@ def test_unstored_answers_are_kept_in_cache_format_and_stored_by_the_next_run(
         record for _, record in entries
     ]
     assert restore_unstored(cfg, out) == 3
-    assert not (out / UNSTORED_DIR).exists()
+    assert not list((out / UNSTORED_DIR).glob("*.jsonl"))
     with ResponseCache(out / "cache") as cache:
         assert cache.get("amplify-1") == {"text": "answer 1", "cost_usd": 0.01}
 
 
-def test_unstored_answers_fall_back_to_the_temp_folder_and_a_broken_cache_refuses_to_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_unstored_answers_fall_back_to_the_caches_folder_never_tmp_and_a_broken_cache_waits(
+    tmp_path: Path,
 ) -> None:
-    import tempfile
-
+    """When ``OUT/unstored/`` cannot be written, the answers go to the cache's own folder
+    (never a temporary folder a resume would not read) and the next run stores them."""
     from factory.errors import OutputWriteError
     from factory.io.runstate import restore_unstored, save_unstored
 
     out = tmp_path / "o"
     out.mkdir()
     (out / UNSTORED_DIR).write_text("a file where the folder should be")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    where = save_unstored(out, [("amplify-x", {"text": "paid"})])
-    assert where.startswith(str(tmp_path / "tmp")) and str(out / UNSTORED_DIR) in where
+    cache = tmp_path / "cache"
+    where = save_unstored(out, [("amplify-x", {"text": "paid"})], cache_dir=cache)
+    assert where == str(cache / UNSTORED_DIR) + "/"
+    assert not list(Path(tempfile.gettempdir()).glob("factory-unstored-*"))
+    cfg = recipe("airline.yaml", out, f"cache.path={cache}")
+    assert restore_unstored(cfg, out) == 1  # the resume reads them back from there
+    with ResponseCache(cache) as stored:
+        assert stored.get("amplify-x") == {"text": "paid"}
     (out / UNSTORED_DIR).unlink()
-    save_unstored(out, [("amplify-x", {"text": "paid"})])
-    cfg = recipe("airline.yaml", out, f"cache.path={_broken_cache(tmp_path)}")
+    save_unstored(out, [("amplify-y", {"text": "paid"})])
+    broken = recipe("airline.yaml", out, f"cache.path={_broken_cache(tmp_path)}")
     with pytest.raises(OutputWriteError) as info:
-        restore_unstored(cfg, out)
+        restore_unstored(broken, out)
     assert "not-a-folder" in str(info.value) and info.value.exit_code == EXIT_WRITE
     assert len(_unstored_lines(out)) == 1  # still kept for the next try
 

@@ -80,7 +80,10 @@ def test_cost_and_token_caps_count_cached_spend_and_stop_new_work() -> None:
     ledger = Ledger(Caps(max_cost_usd=1.0))
     for k in range(3):
         ledger.arrived(ItemResult("calls", k, [_row("amplify", cost=0.3, cached=True)]))
-    assert ledger.exhausted() is None and ledger.allowance(5, 0) == 5
+    # 0.1 left: less than a call costs on average; still below the cap, so one more may
+    # start when none is out, none while one is
+    assert ledger.exhausted() is None and ledger.allowance(5, 0) == 1
+    assert ledger.allowance(5, in_flight=1) == 0 and ledger.stopped_by is None
     ledger.arrived(ItemResult("calls", 3, [_row("amplify", cost=0.3)]))
     assert ledger.exhausted() == "max_cost_usd" and ledger.allowance(5, 0) == 0
     tokens = Ledger(Caps(max_tokens=220))
@@ -88,6 +91,16 @@ def test_cost_and_token_caps_count_cached_spend_and_stop_new_work() -> None:
     assert tokens.exhausted() is None  # 110 of 220 (prompt + completion; cached are prompt)
     tokens.arrived(ItemResult("calls", 1, [_row("amplify")]))
     assert tokens.run_tokens == 220 and tokens.exhausted() == "max_tokens"
+
+
+def test_calls_in_flight_count_at_the_average_cost_against_a_cap() -> None:
+    ledger = Ledger(Caps(max_cost_usd=3.0))
+    assert ledger.allowance(64, in_flight=0) == 64  # nothing known yet
+    for k in range(2):
+        ledger.arrived(ItemResult("calls", k, [_row("amplify", cost=0.5)]))
+    assert ledger.allowance(64, in_flight=0) == 4  # 2.0 left / 0.5
+    assert ledger.allowance(64, in_flight=3) == 1  # three out cost ~1.5 of it
+    assert ledger.allowance(64, in_flight=4) == 0
 
 
 def test_a_batched_backend_reserves_an_estimate_until_its_answer_settles_it() -> None:

@@ -65,6 +65,9 @@ class Planner:
         self.issued += len(items)
         return items
 
+    def wanted(self, result: ItemResult) -> bool:
+        return True
+
     def observe(self, result: ItemResult) -> None:
         self.seen.append(result.index)
 

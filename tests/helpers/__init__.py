@@ -442,6 +442,9 @@ def drive_calls(
             self.issued += k
             return out
 
+        def wanted(self, result: ItemResult) -> bool:
+            return True
+
         def observe(self, result: ItemResult) -> None:
             self.used += 1
 

@@ -232,6 +232,9 @@ class AmplifyPlanner:
             return self._issue_calls(min(room, llm_room))
         return []
 
+    def wanted(self, result: ItemResult) -> bool:
+        return True
+
     def observe(self, result: ItemResult) -> None:
         if result.stream == "seeds":
             for row in result.rows:

@@ -52,6 +52,9 @@ class CuratePlanner:
             self.issued += 1
         return items
 
+    def wanted(self, result: ItemResult) -> bool:
+        return True
+
     def observe(self, result: ItemResult) -> None:
         self.used += 1
 

@@ -279,6 +279,11 @@ class EnvsimPlanner:
         self.issued += len(items)
         return items
 
+    def wanted(self, result: ItemResult) -> bool:
+        """Only the current world's episodes up to the one that met its quotas count:
+        the candidates are then the same whatever ran ahead (a reproducible mixture)."""
+        return not self.finished and result.stream == self.worlds[self.world][0]
+
     def observe(self, result: ItemResult) -> None:
         self.used += 1
         self.episodes += 1
