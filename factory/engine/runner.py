@@ -36,6 +36,7 @@ def run_curate(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> Ru
         dataset_name=cfg.output.dataset_name,
         shard_rows=cfg.output.shard_rows,
         neardup=build_neardup_index(cfg),
+        tools_column=cfg.domain.grammar is None,
     )
     build_decontaminator(cfg)  # a missing benchmark file fails here, not in a worker
     with _progress(progress, None, "seeds") as bar:

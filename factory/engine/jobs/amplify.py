@@ -359,6 +359,7 @@ def run_amplify(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> R
         keep_labels=cfg.mixture is not None,
         # Loads the earlier runs' indexes now: a bad one stops the run before any call.
         neardup=build_neardup_index(cfg),
+        tools_column=cfg.domain.grammar is None,
     )
     if cfg.mixture:
         collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))

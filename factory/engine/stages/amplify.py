@@ -11,6 +11,10 @@ numbers, so no request repeats an earlier one. The assignment is a pure
 function of ``k`` and the round plan (so a rerun or a resume makes the same
 requests) and no list of work items exists anywhere: the driver only says
 which range of ``k`` to issue.
+
+A composition recipe (``domain.compose``, OfficeBench style) shows each call, beside
+its reference, one-app seeds of other apps (``factory.core.compose.companions``, a
+pure function of the call) as the template's ``companions_json``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
+from factory.core.compose import apps_used, companions
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
 from factory.engine.stages.llm_stage import LLMStage, build_backend_for, render
@@ -105,10 +110,15 @@ class AmplifyStage(LLMStage):
         self.model = cfg.llm.model
         self.sampling = dict(cfg.llm.sampling)
         grounding = cfg.amplify.grounding
-        self.template = amplify_template(cfg, load_domain(cfg))
+        domain = load_domain(cfg)
+        self.template = amplify_template(cfg, domain)
         self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
         self.scenario_seed = cfg.amplify.seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
+        self.compose = domain.compose
+        self.seed_apps: dict[str, list[str]] = {}
+        if domain.compose is not None and domain.grammar is not None:
+            self.seed_apps = {sid: apps_used(t, domain.grammar) for sid, t in self.seeds.items()}
         self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})
         self.backend = build_backend_for(cfg, self.model)
         self.attach(cfg)
@@ -128,6 +138,12 @@ class AmplifyStage(LLMStage):
         if self.world is not None:  # the slice of the world this call must use
             scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
             extra["scenario_json"] = render_scenario(scenario)
+        if self.compose is not None:  # the other apps' seeds this call composes with
+            picked = companions(
+                seed_id, self.seed_apps, self.compose, int(row["call_index"]), self.scenario_seed
+            )
+            shown = ",\n".join(self.template.reference_json(self.seeds[c]) for c in picked)
+            extra["companions_json"] = f"[\n{shown}\n]"
         prompt = self.template.render(self.seeds[seed_id], variation=variation, **extra)
         request = render(
             "amplify", self.model, self.sampling, prompt.messages, seed=seed_id, variation=variation
