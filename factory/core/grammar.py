@@ -150,13 +150,15 @@ class TurnParse:
 
     ``found`` says whether the turn holds anything that looks like an action (a
     prefix line, a known action's opening), even a broken one: a reader then knows
-    the environment's next turn is an observation.
+    the environment's next turn is an observation. ``start``: where the action's text
+    (its prefix, if any) begins in ``text`` when ``call`` is set; it runs to the end.
     """
 
     text: str
     call: ToolCall | None = None
     final: bool = False
     found: bool = False
+    start: int = -1
     issues: list[tuple[str, str]] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
 
@@ -406,6 +408,7 @@ class ActionGrammar:
             call=ToolCall(name=action.name, arguments=arguments),
             final=action.ends_episode(arguments),
             found=True,
+            start=cand.start,
             repairs=notes,
         )
 

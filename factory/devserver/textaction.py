@@ -414,21 +414,17 @@ def inject_defect(
         return False
     i, parsed = rng.choice(turns)
     assert parsed.call is not None
-    canonical = grammar.render_action(parsed.call)
-    content = parsed.text
-    if not content.endswith(canonical):
-        return False
-    head = content[: len(content) - len(canonical)]
+    head, action = parsed.text[: parsed.start], parsed.text[parsed.start :]
     if defect == "unknown_tool":
         known = {a.name for a in grammar.actions}
         new = next(n for n in _UNKNOWN_ACTIONS if n not in known)
         lead = f"{grammar.prefix}{grammar.separator}" if grammar.prefix else ""
-        if not canonical.startswith(lead + parsed.call.name):
+        if not action.startswith(lead + parsed.call.name):
             return False  # a fence action without a prefix has no name to change
-        messages[i]["content"] = head + lead + new + canonical[len(lead) + len(parsed.call.name) :]
+        messages[i]["content"] = head + lead + new + action[len(lead) + len(parsed.call.name) :]
         return True
     if defect == "wrong_arg_type":
-        messages[i]["content"] = head + _broken(canonical, grammar, parsed.call.name)
+        messages[i]["content"] = head + _broken(action, grammar, parsed.call.name)
         return True
     if defect == "missing_observation":
         answered = [j for j, _ in turns if j + 1 < len(messages)]
@@ -440,14 +436,15 @@ def inject_defect(
     return False
 
 
-def _broken(canonical: str, grammar: ActionGrammar, name: str) -> str:
-    """The action with malformed arguments: an empty block or bracket, an unclosed call."""
+def _broken(text: str, grammar: ActionGrammar, name: str) -> str:
+    """An action's (canonical) text with malformed arguments: an empty block or bracket,
+    an unclosed call, arguments given to a word."""
     action = grammar.action(name)
     assert action is not None
     if action.form == "fence":
-        return re.sub(r"```(\w*)\n.*\n```\Z", r"```\1\n\n```", canonical, flags=re.S)
+        return re.sub(r"```(\w*)\n.*\n```\Z", r"```\1\n\n```", text, flags=re.S)
     if action.form == "bracket":
-        return canonical[: canonical.index("[")] + "[]"
+        return text[: text.index("[")] + "[]"
     if action.form == "call":
-        return canonical[:-1] if canonical.endswith(")") else canonical + "("
-    return canonical + "(1)"
+        return text[:-1]
+    return text + "(1)"
