@@ -496,3 +496,11 @@ def test_text_action_quotas_select_by_outcome_and_apps() -> None:
     selection = select(samples, mixture, seed=0)
     assert sorted(selection.ids) == ["a", "b", "c"] and not selection.shortfall
     assert Mixture.from_dict(mixture.to_dict()) == mixture
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "pipelines" / "mixtures").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_mixtures_load(path: Path) -> None:
+    mixture = Mixture.load(path)
+    assert mixture.total > 0 and Mixture.from_dict(mixture.to_dict()) == mixture
