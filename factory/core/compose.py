@@ -46,7 +46,7 @@ from factory.core.grammar import ActionGrammar
 from factory.core.reasons import Issue
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.core.yamlfile import known_keys as _known
-from factory.core.yamlfile import read_yaml
+from factory.core.yamlfile import mapping_items, read_yaml
 from factory.errors import ConfigError, short
 
 __all__ = ["COMPOSE_CODES", "CompositionRules", "apps_used", "companions"]
@@ -155,11 +155,10 @@ class CompositionRules:
             if grammar.action(name) is None:
                 raise ConfigError(f"no action named {name!r}", key_path=f"paths.created_by[{n}]")
         flows = []
-        for n, item in enumerate(raw.get("flows") or []):
-            where = f"flows[{n}]"
-            if not isinstance(item, Mapping):
-                raise ConfigError("must be a mapping with from, to and what", key_path=where)
-            _known(item, _FLOW_KEYS, where)
+        flow_items = mapping_items(
+            raw.get("flows") or [], "flows", _FLOW_KEYS, "a mapping {from, to}"
+        )
+        for where, item in flow_items:
             for key in ("from", "to"):
                 if item.get(key) not in apps:
                     raise ConfigError(

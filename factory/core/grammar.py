@@ -74,7 +74,7 @@ from jsonschema import SchemaError
 from factory.core.schema import compile_schema
 from factory.core.trajectory import ToolCall
 from factory.core.yamlfile import known_keys as _known
-from factory.core.yamlfile import read_yaml
+from factory.core.yamlfile import mapping_items, read_yaml
 from factory.errors import ConfigError, short
 
 __all__ = ["FORMS", "Action", "ActionGrammar", "Argument", "TurnParse"]
@@ -228,9 +228,7 @@ class ActionGrammar:
         separator = raw.get("separator", " ")
         if separator not in (" ", "\n"):
             raise ConfigError('must be " " or "\\n"', key_path="separator")
-        preamble = raw.get("preamble_replies", False)
-        if not isinstance(preamble, bool):
-            raise ConfigError("must be true or false", key_path="preamble_replies")
+        preamble = _flag(raw, "preamble_replies", "", default=False)
         raw_actions = raw.get("actions")
         if not isinstance(raw_actions, list) or not raw_actions:
             raise ConfigError("must be a non-empty list of actions", key_path="actions")
@@ -690,6 +688,13 @@ def _string(data: Mapping[str, Any], key: str, at: str, *, required: bool = Fals
     return value
 
 
+def _flag(data: Mapping[str, Any], key: str, at: str, *, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError("must be true or false", key_path=f"{at}.{key}" if at else key)
+    return value
+
+
 def _regexes(raw: Any, at: str) -> tuple[str, ...]:
     if not isinstance(raw, list):
         raise ConfigError("must be a list of regular expressions", key_path=at)
@@ -741,9 +746,7 @@ def _parse_action(raw: Any, at: str, grammar_name: str) -> Action:
         raise ConfigError(f"a {form} action takes at most one argument", key_path=f"{at}.arguments")
     if form == "word" and arguments:
         raise ConfigError("a word action takes no arguments", key_path=f"{at}.arguments")
-    final = raw.get("final", False)
-    if not isinstance(final, bool):
-        raise ConfigError("must be true or false", key_path=f"{at}.final")
+    final = _flag(raw, "final", at, default=False)
     final_when = raw.get("final_when") or {}
     if not isinstance(final_when, Mapping):
         raise ConfigError(
@@ -773,14 +776,8 @@ def _parse_action(raw: Any, at: str, grammar_name: str) -> Action:
 
 
 def _parse_arguments(raw: Any, at: str) -> tuple[Argument, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError("must be a list of {name, schema?, required?}", key_path=at)
     out: list[Argument] = []
-    for n, item in enumerate(raw):
-        where = f"{at}[{n}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError("an argument must be a mapping with a name", key_path=where)
-        _known(item, _ARGUMENT_KEYS, where)
+    for where, item in mapping_items(raw, at, _ARGUMENT_KEYS, "a mapping {name, schema?}"):
         name = _string(item, "name", where, required=True)
         if not _NAME.fullmatch(name) or any(a.name == name for a in out):
             raise ConfigError(f"a bad or repeated argument name {name!r}", key_path=f"{where}.name")
@@ -795,9 +792,7 @@ def _parse_arguments(raw: Any, at: str) -> tuple[Argument, ...]:
                     f"invalid JSON Schema: {short(str(exc).splitlines()[0], 120)}",
                     key_path=f"{where}.schema",
                 ) from exc
-        required = item.get("required", True)
-        if not isinstance(required, bool):
-            raise ConfigError("must be true or false", key_path=f"{where}.required")
+        required = _flag(item, "required", where, default=True)
         out.append(
             Argument(
                 name=name,
@@ -812,14 +807,8 @@ def _parse_arguments(raw: Any, at: str) -> tuple[Argument, ...]:
 def _parse_give_up(
     raw: Any, actions: Mapping[str, Action]
 ) -> tuple[tuple[str, Mapping[str, str]], ...]:
-    if not isinstance(raw, list):
-        raise ConfigError("must be a list of {action, arguments?}", key_path="give_up")
     out: list[tuple[str, Mapping[str, str]]] = []
-    for n, item in enumerate(raw):
-        where = f"give_up[{n}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError("must be a mapping with an action", key_path=where)
-        _known(item, _GIVE_UP_KEYS, where)
+    for where, item in mapping_items(raw, "give_up", _GIVE_UP_KEYS, "a mapping {action}"):
         name = _string(item, "action", where, required=True)
         action = actions.get(name)
         if action is None:

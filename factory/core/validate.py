@@ -27,7 +27,8 @@ from jsonschema import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from jsonschema.protocols import Validator
 
-from factory.core.actions import check_actions
+from factory.core.actions import ACTION_CODES, check_actions
+from factory.core.compose import COMPOSE_CODES
 from factory.core.export import (
     ReasoningMode,
     Rendered,
@@ -67,13 +68,7 @@ ISSUE_ORDER: tuple[str, ...] = (
     "empty_trajectory",
     "bad_tools",
     # text actions (factory.core.actions): a broken action explains the turn order it breaks
-    "no_action",
-    "unknown_action",
-    "malformed_action",
-    "multiple_actions",
-    "answer_not_last",
-    "action_without_observation",
-    "observation_without_action",
+    *ACTION_CODES,
     "bad_turn_order",
     "no_assistant_ending",
     "unanswered_call",
@@ -89,10 +84,7 @@ ISSUE_ORDER: tuple[str, ...] = (
     "enum_violation",
     "schema_violation",
     # multi-app composition (factory.core.compose)
-    "too_few_apps",
-    "invalid_path",
-    "ungrounded_value",
-    "no_app_flow",
+    *COMPOSE_CODES,
 )
 _RANK = {code: rank for rank, code in enumerate(ISSUE_ORDER)}
 _KEYWORD_CODES = {

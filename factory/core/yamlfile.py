@@ -11,7 +11,7 @@ and, where PyYAML knows it, the line.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import yaml
 
 from factory.errors import ConfigError, short
 
-__all__ = ["known_keys", "parse_yaml", "read_yaml"]
+__all__ = ["known_keys", "mapping_items", "parse_yaml", "read_yaml"]
 
 
 def parse_yaml(text: str, what: str, *, key_path: str = "") -> Any:
@@ -64,3 +64,22 @@ def known_keys(data: Mapping[str, Any], allowed: tuple[str, ...], at: str) -> No
         if key not in allowed:
             where = f"{at}.{key}" if at else str(key)
             raise ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=where)
+
+
+def mapping_items(
+    raw: Any, at: str, allowed: tuple[str, ...], what: str
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """``(key path, item)`` of a list of mappings, each checked for unknown keys.
+
+    Raises:
+        ConfigError: ``raw`` is not a list, an item is not a mapping (``what`` says what it
+            must be), or an item has a key outside ``allowed``.
+    """
+    if not isinstance(raw, list):
+        raise ConfigError(f"must be a list of {what}", key_path=at)
+    for n, item in enumerate(raw):
+        where = f"{at}[{n}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"must be {what}", key_path=where)
+        known_keys(item, allowed, where)
+        yield where, item

@@ -24,13 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 from factory.core.formats._common import (
-    add_system,
     as_text,
     fail,
     finish,
     message_list,
     record_system,
     split_think,
+    system_message,
 )
 from factory.core.formats.completion import completion_messages
 from factory.core.grammar import ActionGrammar
@@ -97,9 +97,7 @@ def parse(record: dict[str, Any], *, grammar: ActionGrammar) -> Trajectory:
             )
         text = as_text(msg.get("value") if sharegpt else msg.get("content"), where)
         if kind == "system":
-            if turns:
-                raise fail("bad_role", f"{where}: a system message after the conversation began")
-            system = add_system(system, text)
+            system = system_message(system, text, turns, where)
         elif kind == "assistant":
             reasoning = _reasoning(msg, where)
             if reasoning is None:
