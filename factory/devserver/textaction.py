@@ -335,6 +335,7 @@ def _rename(messages: Messages, rng: random.Random) -> Messages:
     mapping: dict[str, str] = {}
     names = [n for n in sorted(_NAMES) if n not in present and n.lower() not in present]
     rng.shuffle(names)
+    factor = rng.uniform(0.6, 1.6)  # one scale for every number: their order is kept
     for value, kind in sorted(present.items()):
         if kind in ("name", "lname"):
             key = value.capitalize()
@@ -344,10 +345,11 @@ def _rename(messages: Messages, rng: random.Random) -> Messages:
             mapping[value] = new if kind == "name" else new.lower()
             continue
         make = _MAKERS[kind]
+        new = _scaled(value, factor) if kind == "num" else make(value, rng)
         for _ in range(20):
-            new = make(value, rng)
             if new not in used:
                 break
+            new = make(value, rng)
         used.add(new)
         mapping[value] = new
     out = []
@@ -356,6 +358,19 @@ def _rename(messages: Messages, rng: random.Random) -> Messages:
         copy["content"] = _ENTITY.sub(lambda x: mapping.get(x.group(0), x.group(0)), text)
         out.append(copy)
     return out
+
+
+def _scaled(value: str, factor: float) -> str:
+    """A number times the request's factor, with as many decimals; a year stays a year.
+
+    Why one factor for all: a price stays under the limit the task names, a part stays
+    smaller than its total, so the episode still makes sense after the renaming.
+    """
+    whole, _, decimals = value.partition(".")
+    if not decimals and 1900 <= int(whole) <= 2099:
+        return value
+    scaled = float(value) * factor
+    return f"{scaled:.{len(decimals)}f}" if decimals else str(max(1, round(scaled)))
 
 
 def _digits(value: str, rng: random.Random) -> str:
