@@ -35,6 +35,7 @@ from typing import Any
 from factory.core.compose import CompositionRules
 from factory.core.formats.textaction import parse as parse_text
 from factory.core.grammar import ActionGrammar
+from factory.core.trajectory import ToolCall
 from factory.core.validate import validate
 from factory.devserver.simulate import (
     AMPLIFY_MARKER,
@@ -74,7 +75,8 @@ _ENTITY = re.compile(
     r"|(?P<id>\b(?=[A-Z0-9]*\d)[A-Z][A-Z0-9]{5,}\b|\b[A-Za-z]+-\d{2,}\b(?!-))"
     r"|(?P<name>\b(?:" + "|".join(sorted(_NAMES, key=len, reverse=True)) + r")\b)"
     r"|(?P<lname>\b(?:" + "|".join(_LOWER_NAMES) + r")\b)"
-    r"|(?P<num>(?<![\w.:-])\d{2,}(?:\.\d+)?(?![\w:]))"
+    r"|(?P<time>\b\d{1,2}:\d{2}\b)"  # a clock time is kept (renaming it would break it)
+    r"|(?P<num>(?<![\w.-])\d{2,}(?:\.\d+)?(?![\w]))"
 )
 # Shapes of values that can flow from one app's observation into another's action.
 _SHAPES = (
@@ -241,6 +243,7 @@ def _chain(
     tasks: list[str] = []
     body: Messages = []
     seen: list[tuple[str, str]] = []  # (app, observation text) of the parts before
+    dropped: Messages = []  # final actions of the parts before the last
     passed = False
     for n, ref in enumerate(references):
         ref = [dict(m) for m in ref]
@@ -251,13 +254,35 @@ def _chain(
             passed = passed or new_task != task
             task = new_task
         if n < len(references) - 1 and steps and _is_final(steps[-1], grammar):
-            steps = steps[:-1]  # the episode goes on with the next app
+            dropped.append(steps.pop())  # the episode goes on with the next app
         app = _app(steps, grammar)
         seen += [(app, str(m.get("content") or "")) for m in steps if m.get("role") == "tool"]
         tasks.append(task.strip())
         body += steps
+    if body and dropped:
+        body[-1] = _last_answer(body[-1], dropped, grammar)
     joined = tasks[0] + "".join(f" Then, {t[:1].lower()}{t[1:]}" for t in tasks[1:])
     return [{"role": "user", "content": joined}, *body], passed
+
+
+def _last_answer(last: dict[str, Any], dropped: Messages, grammar: ActionGrammar) -> dict[str, Any]:
+    """The final turn answering every question of the chain: an earlier part's answer
+    replaces a final action without arguments (``finish``), and answers of the same
+    one-argument action are joined into one (``answer("2024-05-14; 3")``)."""
+    for turn in dropped:
+        earlier = grammar.parse_turn(str(turn.get("content") or "")).call
+        final = grammar.parse_turn(str(last.get("content") or ""))
+        call = final.call
+        if earlier is None or not earlier.arguments or call is None:
+            continue
+        if not call.arguments:
+            last = turn
+        elif earlier.name == call.name and len(call.arguments) == 1 == len(earlier.arguments):
+            key, value = next(iter(call.arguments.items()))
+            before = next(iter(earlier.arguments.values()))
+            merged = ToolCall(call.name, {key: f"{before}; {value}"})
+            last = {**last, "content": final.text[: final.start] + grammar.render_action(merged)}
+    return last
 
 
 def _is_final(message: dict[str, Any], grammar: ActionGrammar) -> bool:
@@ -343,6 +368,8 @@ def _rename(messages: Messages, rng: random.Random) -> Messages:
                 mapping[key] = names.pop()
             new = mapping.get(key, value)
             mapping[value] = new if kind == "name" else new.lower()
+            continue
+        if kind == "time":
             continue
         make = _MAKERS[kind]
         new = _scaled(value, factor) if kind == "num" else make(value, rng)
