@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from factory.core.decontam import Decontaminator
 from factory.core.formats import parse_record
 from factory.core.formats.textaction import parse, parse_completion, render_messages
 from factory.core.grammar import ActionGrammar
+from factory.core.neardup import NearDupIndex, NearDupParams, signature_bytes
 from factory.core.trajectory import ToolCall
 from factory.errors import RepairError, SeedFormatError
+from factory.io.readers import iter_records
 from tests.conftest import ROOT
 
 OS = ActionGrammar.load(ROOT / "prompts" / "os" / "grammar.yaml")
@@ -120,3 +126,33 @@ def test_unreadable_completions_carry_a_reason(text: str, reason: str) -> None:
     with pytest.raises(RepairError) as err:
         parse_completion(text, OS)
     assert err.value.reason == reason
+
+
+def test_seeds_read_from_parquet_like_any_other_container(tmp_path: Path) -> None:
+    lines = (ROOT / "seeds" / "os" / "seeds.jsonl").read_text().splitlines()[:5]
+    pq.write_table(pa.Table.from_pylist([json.loads(x) for x in lines]), tmp_path / "s.parquet")
+    for raw, line in zip(iter_records(tmp_path / "s.parquet"), lines, strict=True):
+        from_parquet = parse_record(raw.record, source="p", grammar=OS)
+        from_jsonl = parse_record(json.loads(line), source="j", grammar=OS)
+        assert from_parquet.content_id() == from_jsonl.content_id()
+
+
+def test_dedup_near_duplicates_and_decontamination_see_text_actions() -> None:
+    task = "How many entries does the directory /srv/data/exports have in total right now?"
+    first = parse(sharegpt(task, BASH, "a\nb", ANSWER), grammar=OS)
+    renamed = parse(sharegpt(task.replace("exports", "imports"), BASH, "a\nb", ANSWER), grammar=OS)
+    other = parse(
+        sharegpt("Which kernel is running?", BASH.replace("ls /srv", "uname -r"), "6.1", ANSWER),
+        grammar=OS,
+    )
+    assert first.content_id() != renamed.content_id()  # exact dedup tells them apart
+    for view in ("user", "tools"):
+        index = NearDupIndex(NearDupParams(view=view, threshold=0.5))
+        assert index.check("a", signature_bytes(first, index.params)) is None
+        near = index.check("b", signature_bytes(renamed, index.params))
+        assert near is not None and near.code == "near_duplicate"
+        assert index.check("c", signature_bytes(other, index.params)) is None
+    benchmark = Decontaminator([("os-17", task)], n=6)
+    flagged = benchmark.check(first)
+    assert flagged is not None and flagged.code == "contaminated"
+    assert benchmark.check(other) is None
