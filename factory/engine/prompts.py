@@ -113,10 +113,15 @@ class PromptTemplate:
             compose_json=compose.to_json() if compose else "",
         )
 
+    def output_form(self, reference: Trajectory) -> dict[str, Any]:
+        """A trajectory in the output format of this domain's prompts (text-action domains:
+        the agent's text as written, observations as ``tool`` messages)."""
+        shown = render_messages if self.domain.grammar is not None else render_output
+        return shown(reference)
+
     def reference_json(self, reference: Trajectory) -> str:
         """A trajectory as the prompts show it (one JSON object, line breaks escaped)."""
-        shown = render_messages if self.domain.grammar is not None else render_output
-        text = json.dumps(shown(reference), indent=1, ensure_ascii=False)
+        text = json.dumps(self.output_form(reference), indent=1, ensure_ascii=False)
         # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
         # letting a seed start a line of its own inside the prompt.
         for raw, escaped in _LINE_BREAKS:

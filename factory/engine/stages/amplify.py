@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
-from factory.core.compose import apps_used, companions
+from factory.core.compose import CompositionRules, apps_used, companions
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
 from factory.engine.stages.llm_stage import LLMStage, build_backend_for, render
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AmplifyStage",
+    "Companions",
     "amplify_template",
     "assign",
     "grounding_world",
@@ -95,6 +96,42 @@ def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
     return PromptTemplate(cfg.resolve(path), domain, key_path=key)
 
 
+class Companions:
+    """The one-app seeds of other apps a composition call shows beside its reference
+    (``factory.core.compose.companions``: a pure function of the seed and the call)."""
+
+    def __init__(
+        self,
+        rules: CompositionRules,
+        template: PromptTemplate,
+        seeds: dict[str, Trajectory],
+        seed_apps: dict[str, list[str]],
+        seed: int,
+    ):
+        self.rules, self.template, self.seeds = rules, template, seeds
+        self.seed_apps, self.seed = seed_apps, seed
+
+    @classmethod
+    def of(
+        cls, domain: Domain, template: PromptTemplate, seeds: dict[str, Trajectory], seed: int
+    ) -> Companions | None:
+        """The companions of a composition domain's calls; None for any other domain."""
+        if domain.compose is None or domain.grammar is None:
+            return None
+        apps = {sid: apps_used(t, domain.grammar) for sid, t in seeds.items()}
+        return cls(domain.compose, template, seeds, apps, seed)
+
+    def picked(self, seed_id: str, call_index: int) -> list[str]:
+        return companions(seed_id, self.seed_apps, self.rules, call_index, self.seed)
+
+    def extra(self, seed_id: str, call_index: int) -> dict[str, str]:
+        """The template variables of one call (``companions_json``)."""
+        shown = ",\n".join(
+            self.template.reference_json(self.seeds[c]) for c in self.picked(seed_id, call_index)
+        )
+        return {"companions_json": f"[\n{shown}\n]"}
+
+
 class AmplifyStage(LLMStage):
     name = "amplify"
     requires = ("call_index",)
@@ -115,10 +152,7 @@ class AmplifyStage(LLMStage):
         self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
         self.scenario_seed = cfg.amplify.seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
-        self.compose = domain.compose
-        self.seed_apps: dict[str, list[str]] = {}
-        if domain.compose is not None and domain.grammar is not None:
-            self.seed_apps = {sid: apps_used(t, domain.grammar) for sid, t in self.seeds.items()}
+        self.companions = Companions.of(domain, self.template, self.seeds, cfg.amplify.seed)
         self.order, self.base = plan or (seed_order(list(seeds), cfg.amplify.seed), {})
         self.backend = build_backend_for(cfg, self.model)
         self.attach(cfg)
@@ -138,12 +172,8 @@ class AmplifyStage(LLMStage):
         if self.world is not None:  # the slice of the world this call must use
             scenario = self.world.scenario(int(row["call_index"]), self.scenario_seed)
             extra["scenario_json"] = render_scenario(scenario)
-        if self.compose is not None:  # the other apps' seeds this call composes with
-            picked = companions(
-                seed_id, self.seed_apps, self.compose, int(row["call_index"]), self.scenario_seed
-            )
-            shown = ",\n".join(self.template.reference_json(self.seeds[c]) for c in picked)
-            extra["companions_json"] = f"[\n{shown}\n]"
+        if self.companions is not None:  # the other apps' seeds this call composes with
+            extra.update(self.companions.extra(seed_id, int(row["call_index"])))
         prompt = self.template.render(self.seeds[seed_id], variation=variation, **extra)
         request = render(
             "amplify", self.model, self.sampling, prompt.messages, seed=seed_id, variation=variation
