@@ -8,11 +8,14 @@ from collections import Counter
 import pytest
 
 from factory.config import load_recipe
-from factory.core.trajectory import Trajectory
+from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.budget import BudgetState
 from factory.engine.jobs.amplify import plan_round
 from factory.engine.pipeline import build_seed_check, seed_rows_local
+from factory.engine.plan import make_plan
+from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.stages.amplify import assign, round_plan, seed_order
+from factory.envs.pack import load_domain
 from factory.errors import ConfigError
 from factory.io.runstate import changed_keys, prepare_output
 from tests.conftest import ROOT
@@ -178,11 +181,6 @@ def test_request_ids_are_stable_and_change_only_with_their_template(tmp_path) ->
 
 
 def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> None:
-    from factory.core.trajectory import canonical_json
-    from factory.engine.plan import make_plan
-    from factory.engine.prompts import PromptTemplate, estimate_tokens
-    from factory.envs.pack import load_domain
-
     cfg = load_recipe(ROOT / "pipelines" / "office-compose.yaml", ["amplify.target=100"])
     plan = make_plan(cfg)
     amplify = next(s for s in plan.stages if s.stage == "amplify")
