@@ -11,9 +11,11 @@ import Ray, aiohttp or the OpenAI SDK.
 from __future__ import annotations
 
 from factory.config import RecipeConfig, load_recipe
+from factory.core.compose import CompositionRules
 from factory.core.delta import apply, diff
 from factory.core.export import check_structure, normalize, to_sharegpt
 from factory.core.formats import parse_record
+from factory.core.grammar import ActionGrammar
 from factory.core.reasons import REASONS, Issue
 from factory.core.repair import parse_arguments, parse_json_value, parse_observation
 from factory.core.rules import DomainRules
@@ -40,7 +42,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "REASONS",
+    "ActionGrammar",
     "BudgetExceeded",
+    "CompositionRules",
     "ConfigError",
     "DomainRules",
     "FactoryError",

@@ -79,6 +79,16 @@ class DomainConfig(_Strict):
     )
     policy: str | None = Field(None, description="Markdown policy shown to models and agents.")
     rules: str | None = Field(None, description="filters/<domain>.yaml with domain rules.")
+    grammar: str | None = Field(
+        None,
+        description="Action grammar YAML of a text-action domain (the agent's action is text "
+        "in its turn: AgentBench style); replaces tools. See docs/text-actions.md.",
+    )
+    compose: str | None = Field(
+        None,
+        description="Multi-app composition rules YAML (needs grammar): amplification shows "
+        "one-app seeds of several apps and validates the composed trajectories.",
+    )
 
 
 class SeedsConfig(_Strict):
@@ -758,7 +768,41 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _check_domain(domain: DomainConfig, at: str) -> None:
+    """A text-action domain (``grammar``) names no tools; ``compose`` needs a grammar."""
+    if domain.grammar is not None and domain.tools is not None:
+        raise ConfigError(
+            "a text-action domain declares its actions in domain.grammar; remove domain.tools",
+            key_path=f"{at}.tools",
+        )
+    if domain.compose is not None and domain.grammar is None:
+        raise ConfigError(
+            "composition rules compose text actions: set domain.grammar too",
+            key_path=f"{at}.compose",
+        )
+
+
 def _semantic_checks(cfg: RecipeConfig) -> None:
+    _check_domain(cfg.domain, "domain")
+    for i, part in enumerate(cfg.parts or []):
+        _check_domain(part.domain, f"parts.{i}.domain")
+    if cfg.domain.grammar is not None and cfg.pipeline == "envsim":
+        raise ConfigError(
+            "the envsim pipeline needs an executable world; a text-action domain has none",
+            key_path="domain.grammar",
+        )
+    if cfg.domain.grammar is not None and cfg.amplify is not None:
+        if cfg.amplify.grounding is not None:
+            raise ConfigError(
+                "grounding replays tool calls on an executable world; a text-action domain "
+                "has none",
+                key_path="amplify.grounding",
+            )
+        if cfg.amplify.system_prompt_format != "json":
+            raise ConfigError(
+                "a text-action domain has no tools to list in the system prompt",
+                key_path="amplify.system_prompt_format",
+            )
     if cfg.pipeline == "envsim":
         if cfg.envsim is None:
             raise ConfigError("the envsim pipeline needs an envsim section", key_path="envsim")

@@ -43,7 +43,8 @@ def test_shipped_schema_is_current() -> None:
 def test_shipped_recipes_load(recipe: Path) -> None:
     cfg = load_recipe(recipe)
     domains = [p.domain for p in cfg.parts] if cfg.parts else [cfg.domain]  # a mixed recipe
-    assert all(d.tools and cfg.resolve(d.tools).is_file() for d in domains)
+    # a tool-calling domain names its tools, a text-action one its grammar
+    assert all(cfg.resolve(d.tools or d.grammar or "-").is_file() for d in domains)
 
 
 def test_relative_paths_resolve_against_recipe_folder(tmp_path: Path) -> None:
@@ -72,6 +73,24 @@ def test_bad_recipe_names_key_path(tmp_path: Path, mutate, key_path: str, words:
         load_recipe(write(tmp_path, data))
     assert info.value.key_path == key_path
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "key_path"),
+    [
+        ("os.yaml", ["domain.tools=../prompts/airline/tools.json"], "domain.tools"),
+        ("airline.yaml", ["domain.compose=../prompts/office/compose.yaml"], "domain.compose"),
+        ("os.yaml", ["amplify.grounding={mode: verify}"], "amplify.grounding"),
+        ("os.yaml", ["amplify.system_prompt_format=hermes"], "amplify.system_prompt_format"),
+        ("mixed.yaml", ["parts.0.domain.compose=x.yaml"], "parts.0.domain.compose"),
+    ],
+)
+def test_text_action_domains_refuse_what_needs_tools(
+    recipe: str, overrides: list[str], key_path: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(ROOT / "pipelines" / recipe, overrides)
+    assert info.value.key_path == key_path
 
 
 def test_amplify_needs_llm_section(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "normalize_mapped",
     "render",
     "render_conversations",
+    "render_text_actions",
     "to_sharegpt",
 ]
 
@@ -172,19 +173,54 @@ class Rendered:
     where: list[int]
     reasoning: ReasoningMode
     repairs: tuple[str, ...]
+    tools_column: bool = True
 
 
-def render(traj: Trajectory, *, reasoning: ReasoningMode = "keep") -> Rendered:
+def render(
+    traj: Trajectory, *, reasoning: ReasoningMode = "keep", text_actions: bool = False
+) -> Rendered:
     """``normalize`` then ``render_conversations``, keeping both maps back to ``traj``.
+
+    With ``text_actions`` (a domain with an action grammar) the trajectory is rendered
+    as it is, by :func:`render_text_actions`.
 
     Raises:
         ValueError: unknown ``reasoning`` mode.
     """
+    if text_actions:
+        return render_text_actions(traj, reasoning=reasoning)
     normalized, origin = normalize_mapped(traj)
     conversations, where = render_conversations(normalized, reasoning=reasoning)
     before = len(traj.metadata.get("repairs") or [])
     repairs = tuple(normalized.metadata["repairs"][before:])
     return Rendered(normalized, origin, conversations, where, reasoning, repairs)
+
+
+def render_text_actions(traj: Trajectory, *, reasoning: ReasoningMode = "keep") -> Rendered:
+    """A text-action trajectory as a sharegpt row without tools, the agent's text untouched.
+
+    Why no normalising: the agent's turn *is* its action (``Act: bash`` and a code
+    block), so nothing may move into reasoning or merge; why observations become
+    ``human`` turns: that is how AgentBench serves them and AgentInstruct stores them,
+    and the trained agent reads the environment where it reads the user. Each turn
+    is one conversation entry, so ``where`` and ``origin`` are the identity.
+
+    Raises:
+        ValueError: unknown ``reasoning`` mode.
+    """
+    if reasoning not in ("keep", "strip"):
+        raise ValueError(f"reasoning must be 'keep' or 'strip', not {reasoning!r}")
+    conversations: list[dict[str, str]] = []
+    for turn in traj.turns:
+        if turn.role == "assistant":
+            think = _think(turn.reasoning) if reasoning == "keep" else ""
+            conversations.append({"from": "gpt", "value": think + turn.content})
+        elif turn.role in ("user", "tool"):
+            conversations.append({"from": "human", "value": turn.content})
+        else:  # not a canonical role: render it so check_structure names the problem
+            conversations.append({"from": str(turn.role), "value": turn.content})
+    index = list(range(len(traj.turns)))
+    return Rendered(traj, index, conversations, list(index), reasoning, (), tools_column=False)
 
 
 def to_sharegpt(traj: Trajectory, *, reasoning: ReasoningMode = "keep") -> dict[str, Any]:

@@ -32,6 +32,12 @@ Step labels add ``delta_size`` (exact |Δ|). Trajectory labels add ``calls``
 (tool calls made) and exactly one of ``delta_size`` (exact |Δ| from an
 executor) or ``write_calls`` (write-tool calls whose observation is not an
 error: a proxy, under a different name so it is never mistaken for |Δ|).
+
+Text-action trajectories (:func:`action_labels`, a domain with an action grammar)
+have the outcomes ``completed`` (success), ``error`` (an action met an error
+observation, recovered from or not) and ``gave_up`` (the final action gives the
+task up), and add ``error_observations`` and ``apps`` (the number of applications
+their actions use, ``app_names`` lists them).
 """
 
 from __future__ import annotations
@@ -40,12 +46,14 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from factory.core.grammar import ActionGrammar
 from factory.core.trajectory import ToolCall, Trajectory
 
 __all__ = [
     "GROUPS",
     "STEP_OUTCOMES",
     "TRAJECTORY_OUTCOMES",
+    "action_labels",
     "arg_cardinality",
     "call_observations",
     "call_pairs",
@@ -58,7 +66,13 @@ __all__ = [
 
 GROUPS: tuple[str, ...] = ("Failure", "No-Change", "Simple", "Medium", "Difficult", "Beyond")
 STEP_OUTCOMES: tuple[str, ...] = ("failure", "no_change", "change")
-TRAJECTORY_OUTCOMES: tuple[str, ...] = ("completed", "refused", "transferred", "error")
+TRAJECTORY_OUTCOMES: tuple[str, ...] = (
+    "completed",
+    "refused",
+    "transferred",
+    "error",
+    "gave_up",
+)
 FAILURE_OUTCOMES = frozenset({"failure", "error"})
 
 # Upper bound (inclusive) of |Δ| for each change group; Beyond is everything above.
@@ -280,3 +294,43 @@ def trajectory_labels(
     else:
         labels["write_calls"] = writes_ok
     return labels
+
+
+def action_labels(traj: Trajectory, grammar: ActionGrammar) -> dict[str, Any]:
+    """Labels of a text-action episode (an action-valid trajectory of a grammar's domain).
+
+    Outcome, first rule that holds: ``gave_up`` when the last action matches one of
+    the grammar's ``give_up`` forms; ``error`` when any observation is an error
+    (``observations.error``): the trajectory teaches an error observation; else
+    ``completed``. Why any error and not the last one: a text agent always ends on
+    its final action, so "ended in an error" would never hold; what a mix needs to
+    balance is whether the agent met a failure.
+
+    Args:
+        traj: the trajectory (calls parsed from its agent turns).
+        grammar: the domain's action grammar (error observations, give-up forms, apps).
+    """
+    pairs = call_observations(traj)
+    errors = sum(1 for _, obs in pairs if obs is not None and grammar.is_error(obs))
+    last = pairs[-1][0] if pairs else None
+    if last is not None and grammar.gives_up(last):
+        outcome = "gave_up"
+    elif errors:
+        outcome = "error"
+    else:
+        outcome = "completed"
+    apps = list(dict.fromkeys(a for c, _ in pairs if (a := grammar.app_of(c.name)) is not None))
+    meta = traj.metadata
+    return {
+        "kind": "trajectory",
+        "outcome": outcome,
+        "group": group_for(outcome, None) if outcome in FAILURE_OUTCOMES else None,
+        "arg_cardinality": max((arg_cardinality(c.arguments) for c, _ in pairs), default=0),
+        "calls": len(pairs),
+        "error_observations": errors,
+        "apps": len(apps),
+        "app_names": apps,
+        "task_id": meta.get("task_id"),
+        "user_id": meta.get("user_id"),
+        "env_id": meta.get("env_id"),
+    }

@@ -19,6 +19,7 @@ File format (``pipelines/mixtures/<name>.yaml``)::
         delta: [1, {min: 3, max: 6}]   # exact |Δ| (labels.delta_size): values and/or ranges
         write_calls: {min: 1}          # labels.write_calls (trajectories without executor)
         arg_cardinality: {max: 3}      # labels.arg_cardinality
+        apps: {min: 2}                 # labels.apps (text-action trajectories)
         description: optional text
 
 ``min_per_tool`` (tool balance) asks the selection to take, before filling the
@@ -60,6 +61,7 @@ _QUOTA_KEYS = (
     "delta",
     "write_calls",
     "arg_cardinality",
+    "apps",
     "description",
 )
 _RANGE_KEYS = ("min", "max")
@@ -68,6 +70,7 @@ _INT_SELECTORS = {
     "delta": "delta_size",
     "write_calls": "write_calls",
     "arg_cardinality": "arg_cardinality",
+    "apps": "apps",
 }
 
 
@@ -143,6 +146,7 @@ class Quota:
     delta: IntSet | None = None
     write_calls: IntSet | None = None
     arg_cardinality: IntSet | None = None
+    apps: IntSet | None = None
     description: str = ""
 
     def matches(self, labels: Mapping[str, Any]) -> bool:

@@ -59,6 +59,20 @@ REASONS: dict[str, str] = {
     "empty_turn": "a user or assistant turn has no content",
     "bad_function_call": "a function_call value is not JSON that LLaMA-Factory can parse",
     "stray_think_tag": "a <think> tag is left in assistant text once its reasoning span is cut",
+    # --- text actions (factory.core.actions, with the domain's action grammar) ---
+    "no_action": "an agent turn holds no action of the grammar",
+    "unknown_action": "an agent turn's action is not one the grammar declares",
+    "malformed_action": "an action's arguments or syntax are malformed (unclosed, wrong count, "
+    "bad value, text after the action)",
+    "multiple_actions": "an agent turn holds more than one action",
+    "answer_not_last": "a final action (an answer) is followed by more turns",
+    "action_without_observation": "an action is not followed by the environment's observation",
+    "observation_without_action": "an observation does not follow an action",
+    # --- multi-app composition (factory.core.compose) ---
+    "too_few_apps": "a composed trajectory uses fewer apps than the composition rules ask",
+    "invalid_path": "a file path argument does not match the composition rules' path pattern",
+    "ungrounded_value": "an action uses a value from neither the task nor an earlier observation",
+    "no_app_flow": "no value read in one app's observation is used by another app's action",
     # --- dedup ---
     "duplicate": "exact duplicate of an earlier trajectory (same content hash)",
     "near_duplicate": "MinHash near-duplicate of a kept trajectory (this run's or an index's)",

@@ -59,6 +59,7 @@ KEPT_LABELS: tuple[str, ...] = (
     "delta_size",
     "write_calls",
     "arg_cardinality",
+    "apps",
     "task_id",
     "user_id",
     "env_id",

@@ -27,6 +27,8 @@ from jsonschema import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from jsonschema.protocols import Validator
 
+from factory.core.actions import ACTION_CODES, check_actions
+from factory.core.compose import COMPOSE_CODES
 from factory.core.export import (
     ReasoningMode,
     Rendered,
@@ -46,6 +48,8 @@ from factory.core.trajectory import (
 from factory.errors import short
 
 if TYPE_CHECKING:
+    from factory.core.compose import CompositionRules
+    from factory.core.grammar import ActionGrammar
     from factory.core.rules import DomainRules
 
 __all__ = [
@@ -63,6 +67,8 @@ ISSUE_ORDER: tuple[str, ...] = (
     "bad_field_type",
     "empty_trajectory",
     "bad_tools",
+    # text actions (factory.core.actions): a broken action explains the turn order it breaks
+    *ACTION_CODES,
     "bad_turn_order",
     "no_assistant_ending",
     "unanswered_call",
@@ -77,6 +83,8 @@ ISSUE_ORDER: tuple[str, ...] = (
     "wrong_type",
     "enum_violation",
     "schema_violation",
+    # multi-app composition (factory.core.compose)
+    *COMPOSE_CODES,
 )
 _RANK = {code: rank for rank, code in enumerate(ISSUE_ORDER)}
 _KEYWORD_CODES = {
@@ -263,28 +271,45 @@ def _undeclared(
 
 # --- everything -------------------------------------------------------------------------------
 def validate(
-    traj: Trajectory, *, rules: DomainRules | None = None, reasoning: ReasoningMode = "keep"
+    traj: Trajectory,
+    *,
+    rules: DomainRules | None = None,
+    reasoning: ReasoningMode = "keep",
+    grammar: ActionGrammar | None = None,
+    compose: CompositionRules | None = None,
 ) -> list[Issue]:
     """All issues of ``traj``: exported structure, tool calls, domain rules.
 
     The structure checked is that of ``to_sharegpt(normalize(traj), reasoning=...)``,
     i.e. what would be written, with ``Issue.turn`` mapped back to ``traj``'s turns.
+    With a ``grammar`` (a text-action domain) the actions are checked against it
+    (``factory.core.actions``) instead of tool schemas, on the row
+    ``render_text_actions`` writes; with ``compose`` too, the composition rules.
 
     Args:
         traj: a canonical trajectory (not modified).
         rules: the domain's argument rules, if any.
         reasoning: the export mode the rows will be written with.
+        grammar: the domain's action grammar, for a text-action domain.
+        compose: multi-app composition rules (composed outputs only, never seeds).
 
     Returns:
         Issues ordered most fundamental first (see ``ISSUE_ORDER``), then by turn;
         empty when the trajectory is fit to train on. A turn with a bad role or
         field types is reported alone: nothing else can be checked safely.
     """
-    return validate_rendered(traj, rules=rules, reasoning=reasoning)[0]
+    return validate_rendered(
+        traj, rules=rules, reasoning=reasoning, grammar=grammar, compose=compose
+    )[0]
 
 
 def validate_rendered(
-    traj: Trajectory, *, rules: DomainRules | None = None, reasoning: ReasoningMode = "keep"
+    traj: Trajectory,
+    *,
+    rules: DomainRules | None = None,
+    reasoning: ReasoningMode = "keep",
+    grammar: ActionGrammar | None = None,
+    compose: CompositionRules | None = None,
 ) -> tuple[list[Issue], Rendered | None]:
     """``validate`` plus the rendering it checked, for the exporter to reuse.
 
@@ -296,13 +321,18 @@ def validate_rendered(
     malformed = _field_issues(traj)
     if malformed:
         return malformed, None
-    rendered = render(traj, reasoning=reasoning)
+    rendered = render(traj, reasoning=reasoning, text_actions=grammar is not None)
     origin, where = rendered.origin, rendered.where
     issues = [
         replace(issue, turn=origin[where[issue.turn]]) if issue.turn is not None else issue
         for issue in check_structure(rendered.conversations)
     ]
-    issues.extend(validate_calls(traj))
+    if grammar is None:
+        issues.extend(validate_calls(traj))
+    else:
+        issues.extend(check_actions(traj, grammar))
+        if compose is not None and not issues:  # composition needs well-formed actions
+            issues.extend(compose.check(traj, grammar))
     if rules is not None:
         issues.extend(rules.check(traj))
     return sorted(issues, key=_sort_key), rendered

@@ -11,6 +11,7 @@ and, where PyYAML knows it, the line.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 
 from factory.errors import ConfigError, short
 
-__all__ = ["parse_yaml", "read_yaml"]
+__all__ = ["known_keys", "mapping_items", "parse_yaml", "read_yaml"]
 
 
 def parse_yaml(text: str, what: str, *, key_path: str = "") -> Any:
@@ -50,3 +51,35 @@ def read_yaml(path: str | Path, what: str, *, key_path: str = "") -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc}", key_path=key_path) from exc
     return parse_yaml(text, f"{what} {path}", key_path=key_path)
+
+
+def known_keys(data: Mapping[str, Any], allowed: tuple[str, ...], at: str) -> None:
+    """Refuse a key of ``data`` outside ``allowed``: a typo must not silently disable a
+    setting of a data file (grammar, composition rules).
+
+    Raises:
+        ConfigError: naming the key path (``at.key``) and the allowed keys.
+    """
+    for key in data:
+        if key not in allowed:
+            where = f"{at}.{key}" if at else str(key)
+            raise ConfigError(f"unknown key (allowed here: {', '.join(allowed)})", key_path=where)
+
+
+def mapping_items(
+    raw: Any, at: str, allowed: tuple[str, ...], what: str
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """``(key path, item)`` of a list of mappings, each checked for unknown keys.
+
+    Raises:
+        ConfigError: ``raw`` is not a list, an item is not a mapping (``what`` says what it
+            must be), or an item has a key outside ``allowed``.
+    """
+    if not isinstance(raw, list):
+        raise ConfigError(f"must be a list of {what}", key_path=at)
+    for n, item in enumerate(raw):
+        where = f"{at}[{n}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"must be {what}", key_path=where)
+        known_keys(item, allowed, where)
+        yield where, item

@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import batches, grounded, roles, simulate
+from factory.devserver import batches, grounded, roles, simulate, textaction
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects"]
@@ -547,6 +547,17 @@ def _complete(
                 events,
             )
         content = simulate.render_json(answer, crng, fence)
+        if defect == "malformed_json":
+            content, finish = simulate.break_json(content, drng)
+            return content, defect, finish, events
+        return content, applied, "stop", events
+    grammar = textaction.grammar_in(messages)
+    if grammar is not None:  # a text-action domain's prompt (its grammar in the prompt)
+        value, done = textaction.answer(kind, messages, grammar, crng, defect, drng)
+        if value is None:
+            return "I could not read the reference episode.", applied, "stop", events
+        content = simulate.render_json(value, crng, fence)
+        applied = done or applied
         if defect == "malformed_json":
             content, finish = simulate.break_json(content, drng)
             return content, defect, finish, events

@@ -50,8 +50,10 @@ class Collector:
         data_subdir: str = "data",
         keep_labels: bool = False,
         neardup: NearDupIndex | None = None,
+        tools_column: bool = True,
     ):
         self.out_dir = Path(out_dir)
+        self.tools_column = tools_column  # False: text-action rows (dataset_info without tools)
         self.manifest = manifest
         self.dataset_name = dataset_name
         self.data = ShardWriter(self.out_dir, subdir=data_subdir, shard_rows=shard_rows)
@@ -182,7 +184,7 @@ class Collector:
         for w in (self.data, self.surplus, self.rejects, self.failed):
             w.close()
             self.manifest.add_files(w)
-        write_dataset_info(self.out_dir, self.dataset_name)
+        write_dataset_info(self.out_dir, self.dataset_name, tools=self.tools_column)
         if self.grounding:
             g: dict[str, float] = dict(self.grounding)
             g["fidelity"] = round(g["matched"] / g["calls"], 4) if g.get("calls") else 1.0

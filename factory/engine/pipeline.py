@@ -108,5 +108,8 @@ def build_export(cfg: RecipeConfig) -> ExportStage:
     from factory.engine.quality import build_decontaminator, neardup_params
 
     return ExportStage(
-        cfg.output.reasoning, decontam=build_decontaminator(cfg), neardup=neardup_params(cfg)
+        cfg.output.reasoning,
+        decontam=build_decontaminator(cfg),
+        neardup=neardup_params(cfg),
+        text_actions=cfg.domain.grammar is not None,
     )

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from factory.config import RecipeConfig
-from factory.core.formats.completion import render_output
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.settings import llm_stages
+from factory.engine.stages.amplify import Companions
 from factory.engine.stages.base import OK
 from factory.envs.pack import load_domain
 from factory.llm.pricing import PriceTable, cost
@@ -188,12 +188,17 @@ def make_plan(cfg: RecipeConfig, *, with_examples: bool = True) -> Plan:
     calls = math.ceil(cfg.amplify.target / cfg.amplify.expected_yield)
     if cfg.amplify.max_calls is not None:
         calls = min(calls, cfg.amplify.max_calls)
-    prompts = [amplify.render(t, variation=0) for t in valid]
+    # A composition call shows companions beside its reference, and answers with them all.
+    shown = Companions.of(domain, amplify, {t.id: t for t in valid}, cfg.amplify.seed)
+    refs = [[t.id, *(shown.picked(t.id, i) if shown else [])] for i, t in enumerate(valid)]
+    prompts = [
+        amplify.render(t, variation=0, **(shown.extra(t.id, i) if shown else {}))
+        for i, t in enumerate(valid)
+    ]
     mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
-    # A new trajectory is about as long as its reference, written in the output format.
-    mean_completion = sum(estimate_tokens(canonical_json(render_output(t))) for t in valid) / len(
-        valid
-    )
+    # A new trajectory is about as long as its references, written in the output format.
+    size = {t.id: estimate_tokens(canonical_json(amplify.output_form(t))) for t in valid}
+    mean_completion = sum(size[r] for ids in refs for r in ids) / len(valid)
     plan.stages.append(
         _stage(
             cfg,

@@ -5,6 +5,12 @@ policy, output format), so it is byte-identical across every call of a run and
 comes first: OpenAI prompt caching and vLLM prefix caching reuse it. ``user``
 holds what changes per call (variation, reference trajectory). ``Prompt``
 keeps the length of the static prefix so the manifest can report its share.
+
+A text-action domain's templates (``prompts/amplify_actions.j2``) get its action
+grammar in the static block (``grammar_json``, and ``actions``: one line per action)
+and, for a composition recipe, its composition rules (``compose_json``); references
+are shown as they are written (``render_messages``), the grammar's ``directions``
+replace the customer-service ones.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import jinja2
 
 from factory.core.formats.completion import render_output
+from factory.core.formats.textaction import render_messages
 from factory.core.trajectory import Trajectory
 from factory.envs.pack import Domain
 from factory.errors import ConfigError
@@ -95,7 +102,31 @@ class PromptTemplate:
                 raise ConfigError(f"template {path.name} lacks block {block!r}", key_path=key_path)
         self.domain = domain
         tools_json = json.dumps(domain.public_tools(), indent=1, ensure_ascii=False)
-        self.static = self._block("system", tools_json=tools_json, policy=domain.policy.strip())
+        grammar, compose = domain.grammar, domain.compose
+        self.directions = grammar.directions if grammar and grammar.directions else DIRECTIONS
+        self.static = self._block(
+            "system",
+            tools_json=tools_json,
+            policy=domain.policy.strip(),
+            grammar_json=grammar.to_json() if grammar else "",
+            actions=grammar.describe() if grammar else "",
+            compose_json=compose.to_json() if compose else "",
+        )
+
+    def output_form(self, reference: Trajectory) -> dict[str, Any]:
+        """A trajectory in the output format of this domain's prompts (text-action domains:
+        the agent's text as written, observations as ``tool`` messages)."""
+        shown = render_messages if self.domain.grammar is not None else render_output
+        return shown(reference)
+
+    def reference_json(self, reference: Trajectory) -> str:
+        """A trajectory as the prompts show it (one JSON object, line breaks escaped)."""
+        text = json.dumps(self.output_form(reference), indent=1, ensure_ascii=False)
+        # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
+        # letting a seed start a line of its own inside the prompt.
+        for raw, escaped in _LINE_BREAKS:
+            text = text.replace(raw, escaped)
+        return text
 
     def _block(self, name: str, **ctx: Any) -> str:
         context = self.template.new_context(ctx)
@@ -105,18 +136,13 @@ class PromptTemplate:
         """Messages for one call: the static system block, then the per-call user block.
 
         ``extra`` adds per-call variables of the user block (``scenario_json`` for the
-        grounded template).
+        grounded template, ``companions_json`` for a composition template).
         """
-        reference_json = json.dumps(render_output(reference), indent=1, ensure_ascii=False)
-        # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
-        # letting a seed start a line of its own inside the prompt.
-        for raw, escaped in _LINE_BREAKS:
-            reference_json = reference_json.replace(raw, escaped)
         user = self._block(
             "user",
             variation=variation + 1,
-            direction=DIRECTIONS[variation % len(DIRECTIONS)],
-            reference_json=reference_json,
+            direction=self.directions[variation % len(self.directions)],
+            reference_json=self.reference_json(reference),
             **extra,
         )
         messages = [

@@ -5,6 +5,11 @@ policy, ``filters/<domain>.yaml``), not a Python module. A recipe names the
 files; a recipe that names none uses the pack its domain's plug-in ships
 (``factory.envs.plugin.DataPack``). The executable world of a domain is an
 optional part of the plug-in.
+
+A text-action domain (AgentBench style: the action is text in the agent's turn)
+names an action grammar (``domain.grammar``, ``factory.core.grammar``) instead of
+tools, and may name multi-app composition rules (``domain.compose``,
+``factory.core.compose``); it has no tools and needs no plug-in.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from factory.errors import ConfigError
 
 if TYPE_CHECKING:
     from factory.config import RecipeConfig
+    from factory.core.compose import CompositionRules
+    from factory.core.grammar import ActionGrammar
     from factory.core.rules import DomainRules
     from factory.envs.plugin import DataPack
 
@@ -29,13 +36,16 @@ KINDS = ("read", "write", "generic")
 
 @dataclass
 class Domain:
-    """Tools (bare specs, with ``x-kind``), policy text and rules of a domain."""
+    """Tools (bare specs, with ``x-kind``), policy text and rules of a domain; a
+    text-action domain has a ``grammar`` (and maybe ``compose`` rules) and no tools."""
 
     name: str
     tools: list[dict[str, Any]]
     policy: str = ""
     rules: DomainRules | None = None
     kinds: dict[str, str] = field(default_factory=dict)
+    grammar: ActionGrammar | None = None
+    compose: CompositionRules | None = None
 
     def public_tools(self) -> list[dict[str, Any]]:
         """Tool specs as models and trainers see them: without ``x-`` keys."""
@@ -79,16 +89,46 @@ def load_domain(cfg: RecipeConfig) -> Domain:
     Raises:
         ConfigError: a file is missing or malformed (the key path names the recipe field).
     """
-    from factory.core.rules import DomainRules  # local: rules imports jsonschema validators
-
+    if cfg.domain.grammar is not None:
+        return _text_action_domain(cfg)
     tools_path, policy_path, rules_path = _pack_paths(cfg)
     tools, kinds = _load_tools(tools_path, "domain.tools")
-    policy = ""
-    if policy_path is not None:
-        try:
-            policy = policy_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read policy: {exc}", key_path="domain.policy") from exc
+    policy = _read_policy(policy_path)
+    rules = _read_rules(rules_path)
+    return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+
+
+def _text_action_domain(cfg: RecipeConfig) -> Domain:
+    """A domain whose actions are text: grammar, policy, rules and composition rules."""
+    from factory.core.compose import CompositionRules
+    from factory.core.grammar import ActionGrammar
+
+    d = cfg.domain
+    assert d.grammar is not None
+    grammar = ActionGrammar.load(cfg.resolve(d.grammar))
+    compose = CompositionRules.load(cfg.resolve(d.compose), grammar) if d.compose else None
+    return Domain(
+        name=d.name,
+        tools=[],
+        policy=_read_policy(cfg.resolve(d.policy) if d.policy else None),
+        rules=_read_rules(cfg.resolve(d.rules) if d.rules else None),
+        grammar=grammar,
+        compose=compose,
+    )
+
+
+def _read_policy(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read policy: {exc}", key_path="domain.policy") from exc
+
+
+def _read_rules(rules_path: Path | None) -> DomainRules | None:
+    from factory.core.rules import DomainRules  # local: rules imports jsonschema validators
+
     rules = None
     if rules_path is not None:
         if not rules_path.is_file():
@@ -100,7 +140,7 @@ def load_domain(cfg: RecipeConfig) -> Domain:
             raise ConfigError(f"{rules_path}{where}: {exc}", key_path="domain.rules") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{rules_path} is not text: {exc}", key_path="domain.rules") from exc
-    return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+    return rules
 
 
 def _pack_paths(cfg: RecipeConfig) -> tuple[Path, Path | None, Path | None]:

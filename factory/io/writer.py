@@ -212,19 +212,26 @@ def write_dataset_info(
     *,
     formatting: str = "sharegpt",
     splits: Mapping[str, str] | None = None,
+    tools: bool = True,
 ) -> Path:
     """Write the LLaMA-Factory registry entry pointing at ``data/``.
 
     LLaMA-Factory resolves ``file_name`` against its ``dataset_dir``: pass the
     output folder as ``dataset_dir`` and the name here as ``dataset``. ``splits``
     adds entries of the same layout for other folders (name -> folder, e.g. a
-    held-out split an ``eval_dataset`` names).
+    held-out split an ``eval_dataset`` names). ``tools=False`` leaves the ``tools``
+    column out of the entry (text-action rows: the actions are in the agent's text and
+    the grammar in the system prompt, so no tool list is rendered).
     """
     if formatting == "sharegpt":
         entry: dict[str, Any] = {
             "file_name": "data",
             "formatting": "sharegpt",
-            "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
+            "columns": {
+                "messages": "conversations",
+                "system": "system",
+                **({"tools": "tools"} if tools else {}),
+            },
             "tags": {
                 "role_tag": "from",
                 "content_tag": "value",

@@ -20,6 +20,7 @@ from factory.core.export import (
     check_structure,
     export_tools,
     normalize,
+    render,
     render_conversations,
     to_sharegpt,
 )
@@ -505,3 +506,34 @@ def test_every_export_of_a_sound_trajectory_is_accepted(t: Trajectory, mode: str
             assert (thought is not None) <= (mode == "keep")
             exported.extend(calls)
     assert exported == [(c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in made]
+
+
+# --- text-action rows ----------------------------------------------------------------------------
+TEXT_EPISODE = Trajectory(
+    turns=[
+        Turn("user", "How many files?"),
+        Turn(
+            "assistant",
+            "Think: list them.\n\nAct: bash\n\n```bash\nls | wc -l\n```",
+            [ToolCall("bash", {"script": "ls | wc -l"})],
+            reasoning="short plan",
+        ),
+        Turn("tool", "The output of the OS:\n\n3", name="bash"),
+        Turn("assistant", "Think: three.\n\nAct: answer(3)", [ToolCall("answer", {"value": 3})]),
+    ]
+)
+
+
+@pytest.mark.parametrize("mode", ["keep", "strip"])
+def test_text_action_rows_keep_the_agents_text_and_have_no_tools(mode: str) -> None:
+    rendered = render(TEXT_EPISODE, reasoning=mode, text_actions=True)
+    think = "<think>\nshort plan\n</think>\n\n" if mode == "keep" else ""
+    assert rendered.conversations == [
+        {"from": "human", "value": "How many files?"},
+        {"from": "gpt", "value": think + TEXT_EPISODE.turns[1].content},
+        {"from": "human", "value": "The output of the OS:\n\n3"},
+        {"from": "gpt", "value": TEXT_EPISODE.turns[3].content},
+    ]
+    assert not rendered.tools_column and rendered.repairs == ()
+    assert rendered.where == rendered.origin == [0, 1, 2, 3]
+    assert check_structure(rendered.conversations) == []

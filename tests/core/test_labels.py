@@ -6,8 +6,11 @@ from typing import Any
 
 import pytest
 
+from factory.core.formats.textaction import parse as parse_text
+from factory.core.grammar import ActionGrammar
 from factory.core.labels import (
     GROUPS,
+    action_labels,
     arg_cardinality,
     call_observations,
     declines,
@@ -16,6 +19,7 @@ from factory.core.labels import (
     trajectory_labels,
 )
 from factory.core.trajectory import ToolCall, Trajectory, Turn
+from tests.conftest import ROOT
 
 WRITE = {"cancel_reservation", "book_reservation", "send_certificate"}
 
@@ -418,3 +422,54 @@ def test_recorded_airline_calls_label_consistently(taubench_dir: Path) -> None:
     assert set(outcomes) <= {"completed", "refused", "transferred", "error"}
     assert outcomes["transferred"] == 48
     assert {"Failure", "No-Change", "Simple"} <= set(groups)
+
+
+# --- text-action episodes --------------------------------------------------------------------
+def _episode(grammar_name: str, *values: str) -> tuple[Trajectory, ActionGrammar]:
+    grammar = ActionGrammar.load(ROOT / "prompts" / grammar_name / "grammar.yaml")
+    roles = ("human", "gpt")
+    record = {"conversations": [{"from": roles[i % 2], "value": v} for i, v in enumerate(values)]}
+    return parse_text(record, grammar=grammar), grammar
+
+
+BASH = "Think: look.\n\nAct: bash\n\n```bash\nls /srv/data\n```"
+
+
+@pytest.mark.parametrize(
+    ("observation", "answer", "outcome", "errors"),
+    [
+        ("a.csv\nb.csv", "2", "completed", 0),
+        ("ls: cannot access '/srv/data': No such file or directory", "0", "error", 1),
+        (
+            "ls: cannot access '/srv/data': No such file or directory",
+            '"not found: /srv/data does not exist"',
+            "gave_up",
+            1,
+        ),
+    ],
+)
+def test_action_labels_outcomes(observation: str, answer: str, outcome: str, errors: int) -> None:
+    traj, grammar = _episode(
+        "os", "How many files in /srv/data?", BASH, observation, f"Act: answer({answer})"
+    )
+    labels = action_labels(traj, grammar)
+    assert labels["outcome"] == outcome and labels["error_observations"] == errors
+    assert labels["group"] == ("Failure" if outcome == "error" else None)
+    assert labels["calls"] == 2 and labels["arg_cardinality"] == 1
+    assert labels["apps"] == 1 and labels["app_names"] == ["shell"]  # answer is no app
+
+
+def test_action_labels_count_apps_and_the_widest_call() -> None:
+    sheet = "/home/office/Spreadsheets/c.xlsx"
+    traj, grammar = _episode(
+        "office",
+        "Log the taxi from m-7.",
+        'Act: email.read(message_id="m-7")',
+        "Taxi 38.50 on 2024-05-03",
+        f'Act: sheets.append_row(path="{sheet}", values=["2024-05-03", 38.5])',
+        "Appended row 2",
+        "Act: finish",
+    )
+    labels = action_labels(traj, grammar)
+    assert labels["apps"] == 2 and labels["app_names"] == ["email", "sheets"]
+    assert labels["arg_cardinality"] == 2 and labels["outcome"] == "completed"

@@ -470,3 +470,37 @@ def test_selection_keeps_only_the_known_label_keys() -> None:
     assert "notes" not in kept and "kind" not in kept
     assert kept == {k: v for k, v in sample["labels"].items() if k != "notes"}
     assert list(result.rows([sample])) == [sample]
+
+
+def test_text_action_quotas_select_by_outcome_and_apps() -> None:
+    mixture = Mixture.from_dict(
+        {
+            "name": "office",
+            "quotas": [
+                {"name": "gave_up", "outcome": "gave_up", "count": 1},
+                {"name": "three_apps", "outcome": ["completed", "error"], "apps": {"min": 3},
+                 "count": 1},
+                {"name": "narrow", "outcome": "completed", "arg_cardinality": {"max": 1},
+                 "count": 1},
+            ],
+        }
+    )  # fmt: skip
+    samples = [
+        {"id": "a", "labels": {"kind": "trajectory", "outcome": "gave_up", "apps": 1}},
+        {"id": "b", "labels": {"kind": "trajectory", "outcome": "error", "apps": 3}},
+        {"id": "c", "labels": {"kind": "trajectory", "outcome": "completed", "apps": 2,
+                               "arg_cardinality": 1}},
+        {"id": "d", "labels": {"kind": "trajectory", "outcome": "completed", "apps": 2,
+                               "arg_cardinality": 4}},
+    ]  # fmt: skip
+    selection = select(samples, mixture, seed=0)
+    assert sorted(selection.ids) == ["a", "b", "c"] and not selection.shortfall
+    assert Mixture.from_dict(mixture.to_dict()) == mixture
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "pipelines" / "mixtures").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_mixtures_load(path: Path) -> None:
+    mixture = Mixture.load(path)
+    assert mixture.total > 0 and Mixture.from_dict(mixture.to_dict()) == mixture

@@ -122,6 +122,43 @@ def via_postprocess(completion: str) -> str:
     return PostprocessStage(cfg).run_one(row)["reason"]
 
 
+OS_CFG = load_recipe(ROOT / "pipelines" / "os.yaml")
+OFFICE_CFG = load_recipe(ROOT / "pipelines" / "office-compose.yaml")
+BASH = "Think: look.\n\nAct: bash\n\n```bash\nls /srv\n```"
+ANSWER = "Think: done.\n\nAct: answer(2)"
+
+
+def via_text_seed(*turns: tuple[str, str]) -> str:
+    """An OS-agent seed (``from``/``value`` pairs) through the OS recipe's seed check."""
+    from factory.engine.pipeline import build_seed_check
+
+    record = {"conversations": [{"from": f, "value": v} for f, v in turns]}
+    row = make_row(source="t:0", record=json.dumps(record))
+    return build_seed_check(OS_CFG).run_one(row)["reason"]
+
+
+def via_composition(task: str, *steps: str) -> str:
+    """A composed office episode (assistant and tool texts in turn) through postprocess."""
+    from factory.engine.stages.postprocess import PostprocessStage
+
+    roles = ("assistant", "tool")
+    messages = [{"role": "user", "content": task}]
+    messages += [{"role": roles[i % 2], "content": text} for i, text in enumerate(steps)]
+    row = make_row(completion=json.dumps({"messages": messages}), seed_id="s", source="s#0")
+    return PostprocessStage(OFFICE_CFG).run_one(row)["reason"]
+
+
+SHEET = "/home/office/Spreadsheets/costs.xlsx"
+READ_MAIL = 'Think: read.\n\nAct: email.read(message_id="m-7")'
+MAIL = "From: ana@x.example\n\nThe taxi cost 38.50 on 2024-05-03."
+
+
+def append(path: str, *values: Any) -> str:
+    return (
+        f"Think: log.\n\nAct: sheets.append_row(path={json.dumps(path)}, values={list(values)!r})"
+    )
+
+
 class Boom(Stage):
     name = "boom"
 
@@ -253,6 +290,57 @@ CASES: dict[str, Any] = {
     "llm_server_error": lambda: via_prefilter(LLMServerError("500")),
     "llm_bad_request": lambda: via_prefilter(LLMBadRequest("400")),
     "internal_error": lambda: Boom().run_one(make_row(record="{}"))["reason"],
+    "no_action": lambda: via_text_seed(("human", "Count."), ("gpt", "Think: no idea.")),
+    "unknown_action": lambda: via_text_seed(
+        ("human", "Count."),
+        ("gpt", "Act: python\n\n```python\n1\n```"),
+        ("human", "1"),
+        ("gpt", ANSWER),
+    ),
+    "malformed_action": lambda: via_text_seed(("human", "Count."), ("gpt", "Act: answer(2")),
+    "multiple_actions": lambda: via_text_seed(
+        ("human", "Count."), ("gpt", BASH + "\nAct: finish"), ("human", "a"), ("gpt", ANSWER)
+    ),
+    "answer_not_last": lambda: via_text_seed(
+        ("human", "Count."), ("gpt", ANSWER), ("human", "sure?"), ("gpt", ANSWER)
+    ),
+    "action_without_observation": lambda: via_text_seed(
+        ("human", "Count."), ("gpt", BASH), ("gpt", ANSWER)
+    ),
+    "observation_without_action": lambda: via_text_seed(
+        ("human", "Count."),
+        ("gpt", BASH),
+        ("observation", "a"),
+        ("observation", "b"),
+        ("gpt", ANSWER),
+    ),
+    "too_few_apps": lambda: via_composition(
+        "Read message m-7.", READ_MAIL, MAIL, 'Think: ok.\n\nAct: answer("38.50")'
+    ),
+    "invalid_path": lambda: via_composition(
+        "Read m-7 and log it in /tmp/c.xlsx.",
+        READ_MAIL,
+        MAIL,
+        append("/tmp/c.xlsx", "2024-05-03", 38.5),
+        "Appended",
+        "Think: ok.\n\nAct: finish",
+    ),
+    "ungrounded_value": lambda: via_composition(
+        f"Read m-7 and log it in {SHEET}.",
+        READ_MAIL,
+        MAIL,
+        append(SHEET, "2024-05-03", 99.99),
+        "Appended",
+        "Think: ok.\n\nAct: finish",
+    ),
+    "no_app_flow": lambda: via_composition(
+        f"Read m-7, then log 12.00 on 2024-05-09 in {SHEET}.",
+        READ_MAIL,
+        MAIL,
+        append(SHEET, "2024-05-09", 12.0),
+        "Appended",
+        "Think: ok.\n\nAct: finish",
+    ),
     "bad_step_sample": None,  # covered by the simulator evaluation tests
     "contradicts_executor": None,  # covered with the grounding tests (envsim/test_grounding.py)
 }

@@ -78,7 +78,8 @@ def read_jsonl(folder: Path) -> list[dict[str, Any]]:
 
 
 def assert_rows_valid(cfg: RecipeConfig, rows: list[dict[str, Any]]) -> None:
-    """Every written row parses back as a sharegpt seed and passes every rule."""
+    """Every written row parses back as a sharegpt seed and passes every rule (a text-action
+    domain's rows: read with its grammar, checked against it and its composition rules)."""
     domain = load_domain(cfg)
     for row in rows:
         record = {
@@ -86,8 +87,8 @@ def assert_rows_valid(cfg: RecipeConfig, rows: list[dict[str, Any]]) -> None:
             "system": row["system"],
             "tools": row["tools"] or json.dumps(domain.public_tools()),
         }
-        traj = parse_record(record, source="output")
-        issues = validate(traj, rules=domain.rules)
+        traj = parse_record(record, source="output", grammar=domain.grammar)
+        issues = validate(traj, rules=domain.rules, grammar=domain.grammar, compose=domain.compose)
         assert not issues, (row["id"], issues)
 
 

@@ -79,6 +79,13 @@ def test_dataset_info_entry(tmp_path: Path, fmt: str) -> None:
     assert info["ds"]["file_name"] == "data" and info["ds"]["formatting"] == fmt
 
 
+def test_dataset_info_of_text_action_rows_has_no_tools_column(tmp_path: Path) -> None:
+    info = json.loads(write_dataset_info(tmp_path, "ds", tools=False).read_text())
+    assert info["ds"]["columns"] == {"messages": "conversations", "system": "system"}
+    with_tools = json.loads(write_dataset_info(tmp_path, "ds").read_text())
+    assert with_tools["ds"]["columns"]["tools"] == "tools"
+
+
 def row(i: int, seed: str = "s", status: str = "ok", reason: str | None = None) -> dict:
     return make_row(
         id=f"id{i}",

@@ -11,19 +11,23 @@ Detection looks at the message list (``conversations``, ``messages`` or
 ``traj``) rather than at the key name, since datasets mix them: Hermes when
 text carries ``<tool_call>`` / ``<tool_response>`` markup and there are no
 structured calls; otherwise ShareGPT for ``{from, value}`` messages and
-OpenAI chat for ``{role, content}`` messages.
+OpenAI chat for ``{role, content}`` messages. A domain whose actions are text
+passes its action grammar, and every record is read by ``textaction`` with it.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from factory.core.formats import hermes, openai_chat, sharegpt
+from factory.core.formats import hermes, openai_chat, sharegpt, textaction
 from factory.core.formats._common import LIST_KEYS, message_list
 from factory.core.trajectory import Trajectory
 from factory.errors import RepairError, SeedError, SeedFormatError, short
+
+if TYPE_CHECKING:
+    from factory.core.grammar import ActionGrammar
 
 __all__ = [
     "FORMATS",
@@ -115,6 +119,7 @@ def parse_record(
     default_tools: list[dict[str, Any]] | None = None,
     max_bytes: int = MAX_RECORD_BYTES,
     max_depth: int = MAX_RECORD_DEPTH,
+    grammar: ActionGrammar | None = None,
 ) -> Trajectory:
     """Convert one raw seed record into a canonical Trajectory.
 
@@ -124,6 +129,8 @@ def parse_record(
         default_tools: tool specs for records that carry none (tau-bench).
         max_bytes: size limit, roughly the record's JSON length.
         max_depth: nesting limit.
+        grammar: the action grammar of a text-action domain: the record is read by
+            ``textaction`` (its agent turns' text holds the actions), whatever its layout.
 
     Returns:
         The Trajectory with metadata ``format``, ``source``, ``repairs``, ``id``
@@ -140,8 +147,11 @@ def parse_record(
         check_limits(record, max_bytes=max_bytes, max_depth=max_depth)
         if default_tools is not None and not isinstance(default_tools, list):
             raise SeedFormatError("bad_tools", "default_tools must be a list of tool specs")
-        fmt = detect_format(record)
-        traj = FORMATS[fmt](record, default_tools=default_tools)
+        if grammar is not None:
+            traj = textaction.parse(record, grammar=grammar)
+        else:
+            fmt = detect_format(record)
+            traj = FORMATS[fmt](record, default_tools=default_tools)
         # JSON inside strings (arguments, tool lists) is decoded only now: nesting the
         # record check could not see would hit the recursion limit in validation.
         nested = {"tools": traj.tools, "turns": [t.to_dict() for t in traj.turns]}

@@ -200,6 +200,17 @@ def add_system(system: str, text: str) -> str:
     return f"{system}\n\n{text}" if system else text
 
 
+def system_message(system: str, text: str, turns: list[Turn], where: str) -> str:
+    """The system prompt with a system message's text added; only before the first turn.
+
+    Raises:
+        SeedFormatError: ``bad_role`` for a system message after the conversation began.
+    """
+    if turns:
+        raise fail("bad_role", f"{where}: a system message after the conversation began")
+    return add_system(system, text)
+
+
 def carried_metadata(record: dict[str, Any]) -> dict[str, Any]:
     """reward / task_id / trial / user_id from the record (tau-bench keeps user_id in info.task)."""
     meta = {k: record[k] for k in CARRIED_FIELDS if record.get(k) is not None}

@@ -26,7 +26,7 @@ from factory.core.repair import parse_arguments, parse_json_value, parse_observa
 from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.errors import RepairError
 
-__all__ = ["parse_output", "render_output"]
+__all__ = ["completion_messages", "parse_output", "render_output"]
 
 # "\ud800" is valid JSON but half a UTF-16 pair: no UTF-8 text (Arrow, hashes) holds it.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -78,15 +78,11 @@ def _call(raw: Any, where: str) -> tuple[ToolCall, list[str]]:
     return ToolCall(name=name, arguments=args, id=raw.get("id")), repairs
 
 
-def parse_output(text: str) -> Trajectory:
-    """Parse a completion into a Trajectory (turns only; the caller sets system and tools).
-
-    Repairs applied on the way are listed in ``metadata["repairs"]``.
+def completion_messages(text: str) -> tuple[list[Any], list[str]]:
+    """The ``messages`` list of a completion and the repairs its JSON needed.
 
     Raises:
-        RepairError: ``unparsable_completion`` when no trajectory can be recovered without
-            guessing, ``malformed_arguments`` / ``arguments_not_object`` /
-            ``malformed_observation`` for a broken nested piece.
+        RepairError: ``unparsable_completion`` when the text holds no message list.
     """
     try:
         value, repaired = parse_json_value(text)
@@ -101,7 +97,20 @@ def parse_output(text: str) -> Trajectory:
     messages = value.get("messages") if isinstance(value, dict) else None
     if not isinstance(messages, list) or not messages:
         raise RepairError("unparsable_completion", "expected an object with a 'messages' list")
+    return messages, repairs
 
+
+def parse_output(text: str) -> Trajectory:
+    """Parse a completion into a Trajectory (turns only; the caller sets system and tools).
+
+    Repairs applied on the way are listed in ``metadata["repairs"]``.
+
+    Raises:
+        RepairError: ``unparsable_completion`` when no trajectory can be recovered without
+            guessing, ``malformed_arguments`` / ``arguments_not_object`` /
+            ``malformed_observation`` for a broken nested piece.
+    """
+    messages, repairs = completion_messages(text)
     turns: list[Turn] = []
     pending: list[ToolCall] = []  # calls still waiting for their observation, in order
     for i, msg in enumerate(messages):

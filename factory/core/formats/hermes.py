@@ -21,7 +21,6 @@ from typing import Any
 
 from factory.core.formats._common import (
     Pending,
-    add_system,
     as_text,
     fail,
     finish,
@@ -31,6 +30,7 @@ from factory.core.formats._common import (
     parse_tools,
     record_system,
     split_think,
+    system_message,
     tool_turn,
 )
 from factory.core.repair import parse_json_value
@@ -147,9 +147,7 @@ def parse(
             raise fail("bad_role", f"{where}: unknown role {role!r}"[:200])
         text = as_text(msg.get("value") if sharegpt_layout else msg.get("content"), where)
         if kind == "system":
-            if turns:
-                raise fail("bad_role", f"{where}: a system message after the conversation began")
-            system = add_system(system, text)
+            system = system_message(system, text, turns, where)
         elif kind == "assistant":
             turn = _assistant(text, where, repairs)
             turns.append(turn)

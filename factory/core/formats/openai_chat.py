@@ -15,7 +15,6 @@ from typing import Any
 
 from factory.core.formats._common import (
     Pending,
-    add_system,
     as_text,
     fail,
     finish,
@@ -25,6 +24,7 @@ from factory.core.formats._common import (
     parse_tools,
     record_system,
     split_think,
+    system_message,
     tool_turn,
 )
 from factory.core.trajectory import ToolCall, Trajectory, Turn
@@ -103,11 +103,7 @@ def parse(
         else:
             text = as_text(msg.get("content"), f"{where}.content")
             if kind == "system":
-                if turns:
-                    raise fail(
-                        "bad_role", f"{where}: a system message after the conversation began"
-                    )
-                system = add_system(system, text)
+                system = system_message(system, text, turns, where)
             else:
                 turns.append(Turn(role="user", content=text))
                 pending.clear()

@@ -16,7 +16,6 @@ from typing import Any
 
 from factory.core.formats._common import (
     Pending,
-    add_system,
     as_text,
     fail,
     finish,
@@ -26,6 +25,7 @@ from factory.core.formats._common import (
     parse_tools,
     record_system,
     split_think,
+    system_message,
     tool_turn,
 )
 from factory.core.repair import parse_json_value
@@ -126,11 +126,7 @@ def parse(
         else:
             text = as_text(value, where)
             if kind == "system":
-                if turns:
-                    raise fail(
-                        "bad_role", f"{where}: a system message after the conversation began"
-                    )
-                system = add_system(system, text)
+                system = system_message(system, text, turns, where)
             elif kind == "user":
                 turns.append(Turn(role="user", content=text))
                 pending.clear()

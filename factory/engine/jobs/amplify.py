@@ -373,6 +373,7 @@ class AmplifyJob(Job):
             keep_labels=cfg.mixture is not None,
             # Loads the earlier runs' indexes now: a bad one stops the run before any call.
             neardup=build_neardup_index(cfg),
+            tools_column=cfg.domain.grammar is None,
         )
         if cfg.mixture:
             self.collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))

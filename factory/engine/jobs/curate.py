@@ -84,6 +84,7 @@ class CurateJob(Job):
             dataset_name=cfg.output.dataset_name,
             shard_rows=cfg.output.shard_rows,
             neardup=build_neardup_index(cfg),
+            tools_column=cfg.domain.grammar is None,
         )
         super().__init__(
             name="curate",

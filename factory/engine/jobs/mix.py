@@ -208,7 +208,9 @@ def run_mix(
         error = error or part_manifest.get("error")
     data.close()
     manifest.add_files(data)
-    write_dataset_info(out_dir, cfg.output.dataset_name)
+    # A tools column unless every part is a text-action domain (no tool list to render).
+    tools = any(p.domain.grammar is None for p in cfg.parts)
+    write_dataset_info(out_dir, cfg.output.dataset_name, tools=tools)
     manifest.extra.update(
         pipeline="amplify",
         parts=parts,

@@ -8,6 +8,10 @@ assignment is a pure function of ``k`` alone, so a rerun or a resume makes the
 same requests (all answered from the cache) whatever the timing of the calls
 before, and no list of work items exists anywhere: the driver issues call
 numbers as the observed yield requires (``factory.engine.jobs.amplify``).
+
+A composition recipe (``domain.compose``, OfficeBench style) shows each call, beside
+its reference, one-app seeds of other apps (``factory.core.compose.companions``, a
+pure function of the call) as the template's ``companions_json``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
+from factory.core.compose import CompositionRules, apps_used, companions
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
 from factory.engine.settings import LLMStageSettings
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AmplifyStage",
+    "Companions",
     "amplify_template",
     "assign",
     "build_amplify",
@@ -74,6 +80,42 @@ def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
     return PromptTemplate(cfg.resolve(path), domain, key_path=key)
 
 
+class Companions:
+    """The one-app seeds of other apps a composition call shows beside its reference
+    (``factory.core.compose.companions``: a pure function of the seed and the call)."""
+
+    def __init__(
+        self,
+        rules: CompositionRules,
+        template: PromptTemplate,
+        seeds: dict[str, Trajectory],
+        seed_apps: dict[str, list[str]],
+        seed: int,
+    ):
+        self.rules, self.template, self.seeds = rules, template, seeds
+        self.seed_apps, self.seed = seed_apps, seed
+
+    @classmethod
+    def of(
+        cls, domain: Domain, template: PromptTemplate, seeds: dict[str, Trajectory], seed: int
+    ) -> Companions | None:
+        """The companions of a composition domain's calls; None for any other domain."""
+        if domain.compose is None or domain.grammar is None:
+            return None
+        apps = {sid: apps_used(t, domain.grammar) for sid, t in seeds.items()}
+        return cls(domain.compose, template, seeds, apps, seed)
+
+    def picked(self, seed_id: str, call_index: int) -> list[str]:
+        return companions(seed_id, self.seed_apps, self.rules, call_index, self.seed)
+
+    def extra(self, seed_id: str, call_index: int) -> dict[str, str]:
+        """The template variables of one call (``companions_json``)."""
+        shown = ",\n".join(
+            self.template.reference_json(self.seeds[c]) for c in self.picked(seed_id, call_index)
+        )
+        return {"companions_json": f"[\n{shown}\n]"}
+
+
 class AmplifyStage(LLMStage):
     """Call ``k`` (``call_index``) -> one new trajectory from the seed ``assign`` gives it."""
 
@@ -89,12 +131,16 @@ class AmplifyStage(LLMStage):
         *,
         world: GroundingWorld | None = None,
         scenario_seed: int = 0,
+        domain: Domain | None = None,
     ):
         self.template = template
         self.world = world
         self.scenario_seed = scenario_seed
         self.seeds = {sid: Trajectory.from_json(rec) for sid, rec in seeds.items()}
         self.order = order
+        self.companions = (
+            Companions.of(domain, template, self.seeds, scenario_seed) if domain else None
+        )
         self.setup(settings)
 
     async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +151,8 @@ class AmplifyStage(LLMStage):
         if self.world is not None:  # the slice of the world this call must use
             scenario = self.world.scenario(k, self.scenario_seed)
             extra["scenario_json"] = render_scenario(scenario)
+        if self.companions is not None:  # the other apps' seeds this call composes with
+            extra.update(self.companions.extra(seed_id, k))
         prompt = self.template.render(self.seeds[seed_id], variation=variation, **extra)
         request = render(
             "amplify", self.model, self.sampling, prompt.messages, seed=seed_id, variation=variation
@@ -119,11 +167,13 @@ def build_amplify(
     """Inside an actor: the amplification stage of ``cfg`` over the kept ``seeds``."""
     assert cfg.amplify is not None
     grounding = cfg.amplify.grounding
+    domain = load_domain(cfg)
     return AmplifyStage(
         settings,
-        amplify_template(cfg, load_domain(cfg)),
+        amplify_template(cfg, domain),
         seeds,
         order,
         world=grounding_world(grounding, cfg.domain.name) if grounding else None,
         scenario_seed=cfg.amplify.seed,
+        domain=domain,
     )

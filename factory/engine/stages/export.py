@@ -34,7 +34,11 @@ META_KEYS = (
 
 
 def sharegpt_row(
-    traj: Trajectory, reasoning: str, rendered: Rendered | None = None
+    traj: Trajectory,
+    reasoning: str,
+    rendered: Rendered | None = None,
+    *,
+    text_actions: bool = False,
 ) -> dict[str, Any]:
     """The Parquet row of one accepted trajectory: LLaMA-Factory columns + id + meta.
 
@@ -44,9 +48,11 @@ def sharegpt_row(
         rendered: ``validate_rendered``'s rendering of ``traj`` in the same mode, if
             the caller has it: reused, so the row is exactly what was validated and
             the trajectory is not normalised and rendered a second time.
+        text_actions: the domain's actions are text (an action grammar): the row keeps
+            the agent's turns as they are and has no tools column (``""``).
     """
     if rendered is None or rendered.reasoning != reasoning:
-        rendered = render(traj, reasoning=reasoning)  # type: ignore[arg-type]
+        rendered = render(traj, reasoning=reasoning, text_actions=text_actions)  # type: ignore[arg-type]
     # What ``to_sharegpt(normalize(traj))`` writes: normalising rewrites turns and
     # appends to the repairs; system, tools and other metadata are the trajectory's.
     metadata = {
@@ -57,7 +63,7 @@ def sharegpt_row(
     return {
         "conversations": rendered.conversations,
         "system": traj.system,
-        "tools": export_tools(traj.tools),
+        "tools": export_tools(traj.tools) if rendered.tools_column else "",
         "id": traj.id,
         "meta": json.dumps(meta, ensure_ascii=False, default=str),
     }
@@ -93,10 +99,12 @@ class ExportStage(Stage):
         *,
         decontam: Decontaminator | None = None,
         neardup: NearDupParams | None = None,
+        text_actions: bool = False,
     ):
         self.reasoning = reasoning
         self.decontam = decontam
         self.neardup = neardup
+        self.text_actions = text_actions
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         traj = Trajectory.from_json(row["record"])
@@ -106,7 +114,7 @@ class ExportStage(Stage):
                 return reject(row, DECONTAM_STAGE, issue.code, issue.message)
         if self.neardup is not None:  # the driver's index compares signatures, never rows
             row["minhash"] = signature_bytes(traj, self.neardup)
-        row["output"] = row_json(sharegpt_row(traj, self.reasoning))
+        row["output"] = row_json(sharegpt_row(traj, self.reasoning, text_actions=self.text_actions))
         row["id"] = traj.id
         row["record"] = None  # the driver needs the training row only
         return row

@@ -11,6 +11,11 @@ by the one the agent will be deployed with.
 Labels: with grounding, ``delta_size`` is the exact |Δ| from the executor;
 without, ``write_calls`` counts successful write calls (a different name, so a
 proxy is never mistaken for an exact label).
+
+A text-action domain (an action grammar) reads the completion with its grammar,
+validates its actions (and, with composition rules, the composition) instead of tool
+schemas, labels it with ``action_labels`` and writes the agent's turns as they are,
+the grammar in the system prompt and no tools column.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 from factory.config import RecipeConfig
 from factory.core.decontam import DECONTAM_STAGE
 from factory.core.formats.completion import parse_output
-from factory.core.labels import trajectory_labels
+from factory.core.formats.textaction import parse_completion
+from factory.core.labels import action_labels, trajectory_labels
 from factory.core.neardup import signature_bytes
 from factory.core.validate import validate_rendered
 from factory.engine.quality import build_decontaminator, neardup_params
@@ -50,9 +56,12 @@ def deployment_system_prompt(domain: Domain, fmt: str) -> tuple[str, bool]:
 
     ``json``: the policy only; tools go in the ``tools`` column and LLaMA-Factory's
     template renders them. ``hermes``: the policy plus a Hermes ``<tools>`` block,
-    and no ``tools`` column (it would be rendered twice).
+    and no ``tools`` column (it would be rendered twice). A text-action domain: the
+    policy plus its actions (``ActionGrammar.describe``), and no ``tools`` column.
     """
     policy = domain.policy.strip()
+    if domain.grammar is not None:
+        return f"{policy}\n\n# Actions\n\n{domain.grammar.describe()}".lstrip(), False
     if fmt == "hermes":
         lines = "\n".join(
             json.dumps({"type": "function", "function": t}, ensure_ascii=False)
@@ -81,8 +90,12 @@ class PostprocessStage(Stage):
         self.neardup = neardup_params(cfg)
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
+        grammar = self.domain.grammar
         try:
-            traj = parse_output(row["completion"])
+            if grammar is not None:
+                traj = parse_completion(row["completion"], grammar)
+            else:
+                traj = parse_output(row["completion"])
         except RepairError as exc:
             return reject(row, self.name, exc.reason, str(exc), raw=row["completion"])
         traj.system = self.system
@@ -107,14 +120,21 @@ class PostprocessStage(Stage):
             traj.metadata["grounding"] = {**summary, "user_id": self.world.subject(scenario)}
             delta_size = info["delta_size"]
         issues, rendered = validate_rendered(
-            traj, rules=self.domain.rules, reasoning=self.reasoning
+            traj,
+            rules=self.domain.rules,
+            reasoning=self.reasoning,
+            grammar=grammar,
+            compose=self.domain.compose,
         )
         if issues:
             detail = "; ".join(str(i) for i in issues[:3])
             return reject(row, self.name, issues[0].code, detail, raw=row["completion"])
-        labels = trajectory_labels(
-            traj, write_tools=self.domain.write_tools(), delta_size=delta_size
-        )
+        if grammar is not None:
+            labels = action_labels(traj, grammar)
+        else:
+            labels = trajectory_labels(
+                traj, write_tools=self.domain.write_tools(), delta_size=delta_size
+            )
         traj.metadata["labels"] = labels
         row["labels"] = json.dumps(labels)
         if self.decontam is not None:

@@ -61,7 +61,10 @@ class SeedCheckStage(Stage):
 
     def parse(self, row: dict[str, Any]) -> Trajectory:
         return parse_record(
-            json.loads(row["record"]), source=row["source"], default_tools=self.default_tools
+            json.loads(row["record"]),
+            source=row["source"],
+            default_tools=self.default_tools,
+            grammar=self.domain.grammar,
         )
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +83,9 @@ class SeedCheckStage(Stage):
                     f"reward {reward!r} < required {self.min_reward}",
                     raw=row.get("raw"),
                 )
-        issues = validate(traj, rules=self.domain.rules, reasoning=self.reasoning)
+        issues = validate(
+            traj, rules=self.domain.rules, reasoning=self.reasoning, grammar=self.domain.grammar
+        )
         if issues:
             detail = "; ".join(str(i) for i in issues[:3])
             return reject(row, "validate", issues[0].code, detail, raw=row.get("raw"))

@@ -132,3 +132,46 @@ def test_fast_check_cases(schema: dict[str, Any], value: Any, expected: bool) ->
     assert check is not None and check(value) is expected
     if expected:
         assert Draft202012Validator(schema).is_valid(value)
+
+
+# --- text-action domains -------------------------------------------------------------------------
+def _completion(*pairs: tuple[str, str]) -> str:
+    return json.dumps({"messages": [{"role": r, "content": c} for r, c in pairs]})
+
+
+def test_a_text_action_completion_becomes_a_row_in_the_agents_format() -> None:
+    stage = PostprocessStage(load_recipe(ROOT / "pipelines/os.yaml"))
+    sloppy = "Think: count them.\nAct:bash\n```sh\nls /srv | wc -l"
+    text = _completion(
+        ("user", "How many entries does /srv have?"),
+        ("assistant", sloppy),
+        ("tool", "The output of the OS:\n\n7"),
+        ("assistant", "Think: seven.\n\nAct: answer(7)"),
+    )
+    out = stage.run_one(make_row(completion=text, seed_id="s", source="s#0", call_index=0))
+    assert out["status"] == "ok", out.get("message")
+    row = json.loads(out["output"])
+    assert row["tools"] == "" and "# Actions" in row["system"]
+    assert row["system"].startswith("# OS agent policy")
+    assert [m["from"] for m in row["conversations"]] == ["human", "gpt", "human", "gpt"]
+    assert row["conversations"][1]["value"].endswith("Act: bash\n\n```bash\nls /srv | wc -l\n```")
+    meta = json.loads(row["meta"])
+    assert meta["labels"]["outcome"] == "completed" and meta["labels"]["apps"] == 1
+    assert meta["repairs"] == [
+        "messages[1]: fence_language",
+        "messages[1]: close_fence",
+        "messages[1]: action_whitespace",
+    ]
+
+
+def test_a_broken_text_action_completion_is_rejected_with_its_code() -> None:
+    stage = PostprocessStage(load_recipe(ROOT / "pipelines/webshop.yaml"))
+    text = _completion(
+        ("user", "WebShop [SEP] Instruction: [SEP] a red mug [SEP] [Search]"),
+        ("assistant", "Thought:\nsearch\n\nAction:\nscroll[down]"),
+        ("tool", "page"),
+        ("assistant", "Thought:\nbuy\n\nAction:\nclick[Buy Now]"),
+    )
+    out = stage.run_one(make_row(completion=text, seed_id="s", source="s#0", call_index=0))
+    assert (out["status"], out["reason"]) == ("rejected", "unknown_action")
+    assert out["raw"] == text
