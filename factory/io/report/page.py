@@ -31,8 +31,9 @@ SAMPLES = 5
 # Manifest keys this page shows in sections of its own (the rest: "More from the manifest").
 _KNOWN = {
     "recipe", "config_hash", "versions", "started_at", "wall_time_s", "wall_time_from",
-    "totals", "stages", "reasons", "files", "tokens", "cost_usd", "cost_usd_paid_this_run",
-    "responses_from_cache", "unissued", "timeline", "by_stage", "retries", "pipeline",
+    "totals", "stages", "reasons", "files", "checksums", "tokens", "cost_usd",
+    "cost_usd_paid_this_run", "responses_from_cache", "unissued", "timeline", "by_stage",
+    "retries", "pipeline",
     "calls", "unissued_by_stage", "target", "prompt_cache", "generated_with_devserver",
     "budget", "timings", "model", "seeds", "mixture", "episodes", "grounding",
 }  # fmt: skip
