@@ -44,7 +44,7 @@ TIMELINE_COLUMNS = (
     "responses_from_cache",
     "results",
 )
-TIMELINE_EVERY_S = 1.0
+TIMELINE_EVERY_S = 0.2
 TIMELINE_MAX = 400
 
 

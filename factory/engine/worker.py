@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from factory.engine.stages.base import COLUMNS, OK, UNISSUED, Stage, StageSpec
+from factory.engine.stages.base import COLUMNS, NOT_NEEDED, OK, UNISSUED, Stage, StageSpec
 from factory.engine.work import Item, ItemResult
 
 __all__ = ["NOT_NEEDED", "Worker"]
-
-NOT_NEEDED = "not_needed"  # stop reason: the run has what it needs; unstarted items vanish
 COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
 
 
@@ -52,6 +49,7 @@ class Worker:
         self._ready: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._health = health
+        self._halted: asyncio.Event | None = None
         self.stopped: str | None = None
         self.started = 0  # items started, for tests and stats
 
@@ -71,6 +69,8 @@ class Worker:
             stages = [build(*args) for build, args in self._specs[name]]
             for stage in stages:
                 stage.admission = self.admission
+                if hasattr(stage, "halted"):
+                    stage.halted = self._halt_event()
             self._built[name] = stages
         return self._built[name]
 
@@ -83,11 +83,20 @@ class Worker:
         return self.stopped
 
     def stop(self, reason: str) -> None:
-        """Refuse every request not sent yet (``reason``: a cap, or ``NOT_NEEDED``)."""
+        """Refuse every request not sent yet (``reason``: a cap, or ``NOT_NEEDED``); rows
+        waiting to retry give up now (``Halt``)."""
         self.stopped = reason
+        self._halt_event().set()
 
     def resume(self) -> None:
         self.stopped = None
+        if self._halted is not None:
+            self._halted.clear()
+
+    def _halt_event(self) -> asyncio.Event:
+        if self._halted is None:
+            self._halted = asyncio.Event()
+        return self._halted
 
     # -- items ----------------------------------------------------------------------------
     def _event(self) -> asyncio.Event:
@@ -204,7 +213,3 @@ async def run_stage(stage: Stage, rows: list[dict[str, Any]]) -> list[dict[str, 
         else:
             out.append(result)
     return out
-
-
-def monotonic() -> float:
-    return time.monotonic()

@@ -157,9 +157,9 @@ def _cache_entries(out: Path) -> int:
     )
 
 
-# The watcher's promise (factory/engine/watchdog.py): a worker stops sending within this long
-# after its driver dies (detection every 0.1 s + 0.3 s grace, with margin for a busy CPU).
-STOP_BOUND_S = 1.0
+# The lifeline's promise (factory/engine/watchdog.py): no request leaves a worker later than this
+# after its driver died: the socket closes with the driver, and every request checks it first.
+STOP_BOUND_S = 0.5
 
 
 def _cache_keys(out: Path) -> set[str]:

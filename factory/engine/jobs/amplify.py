@@ -253,6 +253,8 @@ class AmplifyPlanner:
             self.phase = "done"
         elif self._streak >= self.give_up:
             self.phase, self._stopped_by = "done", "no_progress"
+        if self.phase == "done":
+            self.clock["calls_done"] = time.time()
 
     def bars(self) -> list[Bar]:
         s = self.seeds

@@ -37,6 +37,8 @@ __all__ = [
 
 OK, REJECTED, FAILED = "ok", "rejected", "failed"
 UNISSUED = "unissued"  # never sent: a budget cap (or a broken cache) stopped it first
+# The stop reason of a run that has what it needs: unstarted work vanishes (not counted).
+NOT_NEEDED = "not_needed"
 RAW_LIMIT = 4000  # characters of raw input kept on reject rows
 
 ROW_SCHEMA = pa.schema(

@@ -23,14 +23,14 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from factory.core.trajectory import canonical_json
 from factory.engine import watchdog
 from factory.engine.prompts import estimate_tokens
 from factory.engine.settings import LLMStageSettings
-from factory.engine.stages.base import UNISSUED, Stage, fail
+from factory.engine.stages.base import NOT_NEEDED, UNISSUED, Stage, fail
 from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.io.runstate import BatchJournal
@@ -246,6 +246,42 @@ class _Slot:
 _ROW_SLOT: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("row_slot", default=None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Halt:
+    """What a waiting row listens to: the worker's stop (set when the driver stops
+    issuing) and why, so a request asleep in a backoff or waiting for a circuit breaker
+    gives up at once instead of waiting out its deadline (up to ``llm.deadline.request_s``)."""
+
+    event: asyncio.Event
+    reason: Callable[[], str | None]
+
+
+_ROW_HALT: contextvars.ContextVar[Halt | None] = contextvars.ContextVar("row_halt", default=None)
+
+
+async def _pause(delay: float) -> None:
+    """Sleep ``delay`` s, less if the run stops meanwhile; then refuse to go on if it did.
+
+    Raises:
+        Interrupted: the driver is gone.
+        LLMUnavailable: the driver stopped issuing (a cap, the target reached, no endpoint
+            answering): the row is ``unissued`` and a resume sends it again.
+    """
+    halt = _ROW_HALT.get()
+    if halt is None:
+        await watchdog.sleep(delay)
+        return
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(halt.event.wait(), delay)
+    watchdog.check()
+    why = halt.reason()
+    if why is not None:
+        error = LLMUnavailable(f"not tried again: the run stopped issuing calls ({why})")
+        if why == NOT_NEEDED:  # the run has its rows: this one vanishes, uncounted
+            error.reason = NOT_NEEDED
+        raise error
+
+
 async def wait_without_slot(delay: float) -> None:
     """The backends' sleep between attempts: the waiting row lends its concurrency slot
     to a row that can be sent, and takes a slot again before its next attempt.
@@ -257,11 +293,11 @@ async def wait_without_slot(delay: float) -> None:
     """
     slot = _ROW_SLOT.get()
     if slot is None or not slot.held:
-        await watchdog.sleep(delay)
+        await _pause(delay)
         return
     slot.give_back()
     try:
-        await watchdog.sleep(delay)
+        await _pause(delay)
     finally:
         await slot.take()
 
@@ -280,6 +316,7 @@ class LLMStage(Stage):
     _batcher: Batcher | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cache_error: str | None = None  # set by the first failed cache write: no new call starts
+    halted: asyncio.Event | None = None  # set by the worker: its stop (wakes waiting rows)
 
     def setup(self, settings: LLMStageSettings) -> None:
         """Build this actor's backend and open its view of the run's response cache."""
@@ -395,6 +432,8 @@ class LLMStage(Stage):
         """
         self._loop = asyncio.get_running_loop()
         watchdog.note_loop(self._loop)
+        if self.halted is not None and self.admission is not None:
+            _ROW_HALT.set(Halt(self.halted, self.admission))  # this row's task only
         row["request_id"] = request.request_id
         record = self.cache.get(request.request_id) if self.cache is not None else None
         if record is not None:

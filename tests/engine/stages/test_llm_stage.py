@@ -131,3 +131,41 @@ def test_request_ids_are_stable_and_change_only_with_their_template(tmp_path) ->
     (tmp_path / "amplify.j2").write_text(text)
     changed = ids(tmp_path)
     assert changed[0] != first[0] and changed[1] == first[1]  # only the amplify ids moved
+
+
+def test_a_row_waiting_to_retry_gives_up_as_soon_as_the_run_stops() -> None:
+    """A request asleep in a backoff (or waiting for a circuit breaker) does not wait out
+    its deadline once the driver stops issuing: it wakes and ends ``unissued``."""
+    import time
+
+    from factory.engine.stages.llm_stage import _ROW_HALT, Halt, _pause
+    from factory.errors import LLMUnavailable
+
+    async def scenario() -> tuple[float, BaseException | None]:
+        stopped: list[str] = []
+        event = asyncio.Event()
+        _ROW_HALT.set(Halt(event, lambda: stopped[0] if stopped else None))
+        task = asyncio.ensure_future(_pause(60.0))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        stopped.append("unreachable")
+        event.set()
+        try:
+            await task
+        except LLMUnavailable as exc:
+            return time.monotonic() - started, exc
+        return time.monotonic() - started, None
+
+    took, error = asyncio.run(scenario())
+    assert isinstance(error, LLMUnavailable) and "unreachable" in str(error)
+    assert took < 5.0
+
+
+def test_without_a_stop_a_pause_is_the_backoff() -> None:
+    from factory.engine.stages.llm_stage import _ROW_HALT, Halt, _pause
+
+    async def scenario() -> None:
+        _ROW_HALT.set(Halt(asyncio.Event(), lambda: None))
+        await _pause(0.01)  # sleeps and returns: nothing stopped
+
+    asyncio.run(scenario())
