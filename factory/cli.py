@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -121,7 +122,10 @@ def _delegate(name: str, argv: list[str]) -> int:
         finally:
             sys.argv = saved
         return 0
-    code = run(argv)
+    # A module whose main takes ``prog`` names itself as called: `factory domain --help`
+    # says `factory domain`, not `python -m factory.domain`.
+    takes_prog = "prog" in inspect.signature(run).parameters
+    code = run(argv, prog=f"factory {name}") if takes_prog else run(argv)
     return int(code or 0)
 
 

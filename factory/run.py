@@ -26,9 +26,9 @@ from factory.secrets import redact
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m factory.run") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m factory.run",
+        prog=prog,
         description="Run a factory recipe (pipelines/*.yaml).",
     )
     p.add_argument("recipe", help="recipe file, or a name under pipelines/ (airline.yaml)")
@@ -75,9 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     handlers = interrupts.install()
     setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None

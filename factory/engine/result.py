@@ -16,7 +16,7 @@ from factory.engine.console import ProgressBar, run_clock
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE
 from factory.io.writer import Manifest
 
-__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest"]
+__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "cost_line", "new_manifest"]
 
 STAGE_ORDER = (
     "read",
@@ -82,8 +82,7 @@ class RunResult:
             lines.append(
                 f"tokens: prompt {tokens.get('prompt_tokens', 0):,} (cached "
                 f"{tokens.get('cached_tokens', 0):,}), completion "
-                f"{tokens.get('completion_tokens', 0):,}; cost "
-                f"{self.manifest.get('cost_usd', 0):.4f} USD"
+                f"{tokens.get('completion_tokens', 0):,}; {cost_line(self.manifest)}"
             )
         retries = self.manifest.get("retries") or {}
         if retries:  # summarised here; one line per retry only at DEBUG
@@ -101,6 +100,19 @@ class RunResult:
                 "(run the same command again to continue)"
             )
         return "\n".join(lines)
+
+
+def cost_line(manifest: dict[str, Any]) -> str:
+    """What the output cost and what this run paid: an extended or resumed run replays
+    the calls earlier runs paid for from the cache, so the two differ (issue 25)."""
+    total = float(manifest.get("cost_usd") or 0.0)
+    paid = manifest.get("cost_usd_paid_this_run")
+    if paid is None or abs(float(paid) - total) < 5e-5:
+        return f"cost {total:.4f} USD"
+    return (
+        f"paid by this run {float(paid):.4f} USD; cost of the whole output {total:.4f} USD "
+        "(the rest answered from the response cache)"
+    )
 
 
 def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
