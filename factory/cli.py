@@ -84,12 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     rep.add_argument("out", metavar="OUT", help="a run's output folder")
     rep.add_argument(
-        "--license", help="the card's license id (default: the card's own, else other)"
+        "--license",
+        help="the card's license id, kept for later cards of this folder (default: the one "
+        "given before, else other)",
     )
     push = sub.add_parser(
         "push", formatter_class=_formatter,
         description="Upload the card, report, manifest and data/ of OUT to the dataset "
-        "repository REPO_ID (token: HF_TOKEN or `hf auth login`).",
+        "repository REPO_ID (token: HF_TOKEN or `hf auth login`). The folder and the token "
+        "are checked before anything is sent; a Hub or network failure is one line and "
+        "exit code 8.",
     )  # fmt: skip
     push.add_argument("out", metavar="OUT", help="a finished run's output folder")
     push.add_argument("repo_id", metavar="REPO_ID", help="OWNER/NAME on the Hub")
@@ -149,8 +153,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from factory.io.report.hub import push
+    from factory.io.report.hub import push, push_warnings
 
+    for line in push_warnings(args.out, args.license):
+        print(f"warning: {line}", file=sys.stderr)
     commit = push(args.out, args.repo_id, private=args.private, license_id=args.license)
     print(f"pushed {args.out} to https://huggingface.co/datasets/{args.repo_id}: {commit}")
     return 0

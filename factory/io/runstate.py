@@ -75,6 +75,7 @@ STATE_FILE = "run.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = "cache"  # the default cache location inside the output folder
 UNSTORED_DIR = "unstored"
+CARD_SETTINGS = "card.json"  # the card's license, given once (factory.io.report.card)
 BATCHES_DIR = "batches"  # the batch journal: kept across resumes, like the cache
 GENERATED = (
     "data",
@@ -299,7 +300,9 @@ def _clear_for_fresh(cfg: RecipeConfig, out_dir: Path, *, drop_cache: bool) -> s
     The response cache holds answers the user paid for; a request of the new run
     that equals a cached one costs nothing, so it is kept unless asked.
     """
-    keep = {LOCK_FILE} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
+    # The license given for the card (factory report/push --license) is the user's choice
+    # about publishing the dataset, not an output of the recipe: kept too.
+    keep = {LOCK_FILE, CARD_SETTINGS} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
     for child in out_dir.iterdir():
         if child.name in keep:
             continue
