@@ -73,8 +73,9 @@ def build_parser(prog: str = "python -m factory.domain") -> argparse.ArgumentPar
     """The command's parser; ``prog`` is how it was called (``factory domain`` from the
     ``factory`` command), so usage and help name the command the user typed."""
     p = argparse.ArgumentParser(
-        prog=prog, description="Domain tools: `init NAME --from-seeds FILE` scaffolds a "
-        "data-only domain pack from seed trajectories."
+        prog=prog,
+        description="Domain tools: `init NAME --from-seeds FILE` scaffolds a "
+        "data-only domain pack from seed trajectories.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="scaffold a data-only domain pack from seed trajectories")
