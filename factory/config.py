@@ -320,6 +320,14 @@ class AmplifyConfig(_Strict):
     max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")
     max_tokens: int | None = Field(None, ge=1, description="Stop issuing at this many tokens.")
+    confirm_above_usd: float | None = Field(
+        25.0,
+        ge=0,
+        description="On a terminal, a run whose estimated cost (what is left to pay) exceeds "
+        "this asks for confirmation before its first call, unless --yes (overridden by "
+        "--confirm-above). Without a terminal (ray job submit) nothing is asked: the plan is "
+        "printed and the caps bound the spend. null: never ask.",
+    )
     system_prompt_format: Literal["json", "hermes"] = Field(
         "json", description="Tools block format of the deployment system prompt in the output."
     )
