@@ -343,6 +343,18 @@ class OutputConfig(_Strict):
     reasoning: Literal["keep", "strip"] = Field(
         "keep", description="keep: <think>...</think> before calls and answers; strip: drop it."
     )
+    tokenizer: str | None = Field(
+        None,
+        description="The model the data trains (a Hugging Face name or a local folder): "
+        "OUT/llamafactory/sft.yaml trains it, and its tokenizer (loaded offline with "
+        "transformers, when installed and cached) counts the rows' tokens for cutoff_len. "
+        "Default: Qwen/Qwen3-8B, counted at 3 characters per token.",
+    )
+    template: str | None = Field(
+        None,
+        description="LLaMA-Factory chat template of sft.yaml (one that renders tools: qwen3, "
+        "llama3, mistral, glm4 ...); default: told from output.tokenizer's name.",
+    )
 
 
 class RayConfig(_Strict):

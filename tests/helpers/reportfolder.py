@@ -143,7 +143,8 @@ def make_envsim_folder(out: Path, *, rows: int = 8) -> Path:
         meta = {"labels": labels, "env_id": "env-1", "step": i, "tool": "cancel_reservation"}
         data.add(
             {
-                "instruction": "You simulate the airline tools.",
+                "system": "You simulate the back end of a tool-using environment.",
+                "instruction": "### Tool\ncancel_reservation",
                 "input": f'cancel_reservation({{"reservation_id": "R{i:03d}"}})',
                 "output": f'{{"feedback": "cancelled R{i:03d}", "config_changes": []}}',
                 "id": f"step-{i}",
