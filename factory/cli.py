@@ -79,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep = sub.add_parser(
         "report", formatter_class=_formatter,
-        description="Write the run report (OUT/report.html, one self-contained file) and the "
-        "Hugging Face dataset card (OUT/README.md); a run writes both when it ends.",
+        description="Write the run report (OUT/report.html, one self-contained file), the "
+        "LLaMA-Factory training config (OUT/llamafactory/sft.yaml) and the Hugging Face "
+        "dataset card (OUT/README.md); a run writes them when it ends.",
     )  # fmt: skip
     rep.add_argument("out", metavar="OUT", help="a run's output folder")
     rep.add_argument(
@@ -145,10 +146,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from factory.io.report import write_card, write_report
+    from factory.io.report import write_documents
 
-    print(write_report(args.out))
-    print(write_card(args.out, license_id=args.license))
+    for path in write_documents(args.out, license_id=args.license):
+        print(path)
     return 0
 
 

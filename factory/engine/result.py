@@ -16,7 +16,7 @@ from factory.engine.console import ProgressBar, run_clock
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_WRITE
 from factory.io.writer import Manifest
 
-__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "cost_line", "new_manifest"]
+__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "cost_line", "domain_summary", "new_manifest"]
 
 STAGE_ORDER = (
     "read",
@@ -122,6 +122,19 @@ def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
 def new_manifest(cfg: RecipeConfig) -> Manifest:
     """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
     started, since = run_clock()
-    return Manifest(
+    manifest = Manifest(
         recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
     )
+    manifest.extra["domain"] = domain_summary(cfg)
+    return manifest
+
+
+def domain_summary(cfg: RecipeConfig) -> dict[str, Any]:
+    """The manifest's ``domain``: its name and every tool it offers, so the report can
+    list the tools no row called (envsim's step samples carry no tool list)."""
+    if cfg.parts is not None:  # each part's rows carry their own domain's tools
+        return {"name": cfg.domain.name, "parts": [p.label or p.domain.name for p in cfg.parts]}
+    from factory.envs.pack import load_domain
+
+    tools = [str(t.get("name")) for t in load_domain(cfg).public_tools()]
+    return {"name": cfg.domain.name, "tools": sorted(tools)}

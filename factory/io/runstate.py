@@ -87,6 +87,7 @@ GENERATED = (
     "dataset_info.json",
     "report.html",  # the run report and the dataset card: written again when a run ends
     "README.md",
+    "llamafactory",  # the SFT config (factory.io.report.training), written with the report
     ".tmp",
 )
 # Settings that change neither a request nor a row: a resumed run may change them

@@ -53,7 +53,7 @@ def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
     from factory.io.report import write_report
 
     chromium_path()  # skips, saying why, without a browser
-    extra = {"diversity": {"tools_per_row": {"1": 4, "2": 8}}}
+    extra = {"diversity": {"tools_per_row": {"rows": 12, "histogram": {"1": 4, "2": 8}}}}
     report = write_report(make_folder(tmp_path / "o", extra=extra))
     check = open_page(report, screenshot=tmp_path / "shot.png")
     assert check.title.startswith("factory run report")

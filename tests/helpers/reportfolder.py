@@ -158,6 +158,8 @@ def make_envsim_folder(out: Path, *, rows: int = 8) -> Path:
     manifest.extra.update(
         pipeline="envsim",
         episodes=3,
+        domain={"name": "airline",
+                "tools": ["cancel_reservation", "get_user_details", "list_all_airports"]},
         mixture={"name": "balance", "wanted": {"simple": 6, "no_change": 2},
                  "selected": {"simple": 6, "no_change": 2}, "available": {"simple": 9},
                  "shortfall": {}, "excluded": 0},
