@@ -58,7 +58,9 @@ def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
     assert "already paid in this folder: 5.00 USD" in text and "948.67 USD left to pay" in text
     assert "cap: amplify.max_cost_usd = 2,000.00 USD" in text
     assert preflight.to_pay(est, preflight.Prior(cost_usd=1000.0)) == 0.0
-    bare = "\n".join(preflight.plan_lines(est, _cfg("amplify.max_cost_usd=null"), preflight.Prior()))
+    bare = "\n".join(
+        preflight.plan_lines(est, _cfg("amplify.max_cost_usd=null"), preflight.Prior())
+    )
     assert "cap: none (set amplify.max_cost_usd" in bare and "already paid" not in bare
     unpriced = preflight.estimate([_stage("my-model", 10, None)])
     assert unpriced.cost_usd is None and unpriced.unpriced == ("my-model",)

@@ -220,7 +220,6 @@ def sft_config(dataset_dir: Path, dataset: str, fit: Fit) -> dict[str, Any]:
         "learning_rate": 1.0e-4,
         "num_train_epochs": 2.0,
         "lr_scheduler_type": "cosine",
-        "warmup_ratio": 0.1,
         "bf16": True,
     }
 

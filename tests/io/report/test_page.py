@@ -187,6 +187,8 @@ def test_an_envsim_report_shows_step_samples_and_the_step_histograms(tmp_path: P
     assert "|Δ| (state-change ops)" in alts and "Argument cardinality" in alts
     # the domain's tools (the manifest's, as step samples carry no list), the unused named
     assert "Calls per tool" in alts and "1 of 3 tools called" in page
-    assert "<b>Never called:</b> <code>get_user_details</code>, <code>list_all_airports</code>" in page
+    assert (
+        "<b>Never called:</b> <code>get_user_details</code>, <code>list_all_airports</code>" in page
+    )
     assert "step samples drawn at random" in page and "cancelled R00" in page
     assert "Mixture balance: quotas" in page
