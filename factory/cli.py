@@ -114,7 +114,7 @@ def _delegate(name: str, argv: list[str]) -> int:
         )
         return EXIT_CONFIG
     module = importlib.import_module(module_name)
-    run: Callable[[list[str]], Any] | None = getattr(module, "main", None)
+    run: Callable[..., Any] | None = getattr(module, "main", None)
     if run is None:  # a module run only as a script: run it as `python -m` would
         import runpy
 

@@ -141,7 +141,7 @@ def test_histogram_bars_are_as_wide_as_their_bins() -> None:
     bars = [p for p in ax.patches]
     assert len(bars) == len(counts) and {b.get_width() for b in bars} == {1000}
     assert [b.get_x() for b in bars] == sorted(counts)  # a bar starts where its bin does
-    fig, ax = _histogram_axes({1: 3, 2: 5, 11: 1}, bin_width=1, marker=None)
+    _fig, ax = _histogram_axes({1: 3, 2: 5, 11: 1}, bin_width=1, marker=None)
     assert [round(b.get_x() + b.get_width() / 2) for b in ax.patches] == [1, 2, 11]
 
 
