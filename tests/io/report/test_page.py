@@ -137,8 +137,8 @@ def test_histogram_bars_are_as_wide_as_their_bins() -> None:
 
     counts, width = binned([150, 151, 1230, 4500, 4499, 30_000])
     assert width == nice_width(30_000 - 150 + 1) == 1000 and min(counts) == 0
-    fig, ax = _histogram_axes(counts, bin_width=width, marker=("cutoff_len", 4608))
-    bars = [p for p in ax.patches]
+    _fig, ax = _histogram_axes(counts, bin_width=width, marker=("cutoff_len", 4608))
+    bars = list(ax.patches)
     assert len(bars) == len(counts) and {b.get_width() for b in bars} == {1000}
     assert [b.get_x() for b in bars] == sorted(counts)  # a bar starts where its bin does
     _fig, ax = _histogram_axes({1: 3, 2: 5, 11: 1}, bin_width=1, marker=None)
