@@ -115,6 +115,11 @@ def _is_wrapped(spec: Any) -> bool:
     return isinstance(spec, dict) and spec.get("type") == "function"
 
 
+@lru_cache(maxsize=64)  # every row of a domain carries the same tool list
+def _tools_text_of(tools: str) -> str:
+    return _tools_text(tools)
+
+
 def _tools_text(tools: Any) -> str:
     """The tool list as the template shows it: each tool as one JSON object, wrapped as
     ``{"type": "function", "function": ...}``, inside the template's instructions."""
@@ -133,7 +138,8 @@ def row_tokens(row: Mapping[str, Any], count: Callable[[str], int]) -> int:
     or an alpaca row (system, instruction and input as one user turn, output)."""
     n = 0
     system = str(row.get("system") or "")
-    tools = _tools_text(row.get("tools")) if row.get("tools") else ""
+    raw = row.get("tools")
+    tools = (_tools_text_of(raw) if isinstance(raw, str) else _tools_text(raw)) if raw else ""
     if system or tools:
         n += count(system) + (count(tools) if tools else 0) + MESSAGE_OVERHEAD
     if "conversations" in row:
