@@ -55,23 +55,25 @@ class Estimate:
     cached_tokens: int
     completion_tokens: int
     cost_usd: float | None  # None: a stage's model has no price
-    batch_cost_usd: float | None
+    batch: bool = False  # cost_usd at the Batch API's prices
     unpriced: tuple[str, ...] = ()
 
 
-def estimate(stages: list[Any]) -> Estimate:
-    """Sum ``factory.engine.plan.StagePlan`` s (anything with their attributes)."""
+def estimate(stages: list[Any], *, batch: bool = False) -> Estimate:
+    """Sum ``factory.engine.plan.StagePlan`` s (anything with their attributes);
+    ``batch``: the calls go through a batch API (``llm.backend: openai_batch``), so
+    ``cost_usd`` is at its prices."""
     unpriced = tuple(sorted({s.model for s in stages if s.cost_usd is None}))
     priced = not unpriced
+    online = sum(s.cost_usd for s in stages) if priced else None
+    batched = sum(s.batch_cost_usd or 0.0 for s in stages) if priced else None
     return Estimate(
         calls=sum(s.calls for s in stages),
         prompt_tokens=sum(s.prompt_tokens for s in stages),
         cached_tokens=sum(s.cached_tokens for s in stages),
         completion_tokens=sum(s.completion_tokens for s in stages),
-        cost_usd=sum(s.cost_usd for s in stages) if priced else None,
-        batch_cost_usd=(
-            sum(s.batch_cost_usd or 0.0 for s in stages) if priced and stages else None
-        ),
+        cost_usd=batched if batch else online,
+        batch=batch,
         unpriced=unpriced,
     )
 
@@ -160,7 +162,8 @@ def plan_lines(
             "prices: in the recipe to estimate and cap the spend)"
         )
     else:
-        lines.append(f"estimated cost: {_usd(est.cost_usd)}")
+        how = " (Batch API prices: llm.backend openai_batch)" if est.batch else ""
+        lines.append(f"estimated cost: {_usd(est.cost_usd)}{how}")
     if prior.cost_usd > 0:
         left = to_pay(est, prior)
         rest = f"; about {_usd(left)} left to pay" if left is not None else ""

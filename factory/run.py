@@ -194,7 +194,8 @@ def _preflight(cfg: Any, out_dir: Path, args: argparse.Namespace, *, devserver: 
     from factory.engine.plan import make_plan
 
     plan = make_plan(cfg, with_examples=False)
-    est = preflight.estimate(plan.stages)
+    assert cfg.llm is not None
+    est = preflight.estimate(plan.stages, batch=cfg.llm.backend == "openai_batch")
     # stdout: what `ray job submit` keeps in the job's log
     print(plan.render(), *preflight.plan_lines(est, cfg, prior, devserver=devserver), sep="\n")
     assert cfg.amplify is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,14 @@ def test_the_decision_to_ask(cost, threshold, interactive, yes, paid, asks) -> N
 
 
 def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
-    est = preflight.estimate([_stage("o4-mini", 41, 0.12), _stage("gpt-5", 100_000, 953.55)])
+    stages = [_stage("o4-mini", 41, 0.12), _stage("gpt-5", 100_000, 953.55)]
+    est = preflight.estimate(stages)
     assert est.calls == 100_041 and est.cost_usd == pytest.approx(953.67)
+    batched = preflight.estimate(
+        [replace(s, batch_cost_usd=s.cost_usd / 2) for s in stages], batch=True
+    )
+    assert batched.cost_usd == pytest.approx(476.835)
+    assert "(Batch API prices" in preflight.plan_lines(batched, _cfg(), preflight.Prior())[1]
     lines = preflight.plan_lines(est, _cfg(), preflight.Prior(cost_usd=5.0))
     text = "\n".join(lines)
     assert "plan: 100,041 LLM calls, 100.0 M prompt tokens (80.0 M of them cached)" in text
