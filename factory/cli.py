@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -78,17 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep = sub.add_parser(
         "report", formatter_class=_formatter,
-        description="Write the run report (OUT/report.html, one self-contained file) and the "
-        "Hugging Face dataset card (OUT/README.md); a run writes both when it ends.",
+        description="Write the run report (OUT/report.html, one self-contained file), the "
+        "LLaMA-Factory training config (OUT/llamafactory/sft.yaml) and the Hugging Face "
+        "dataset card (OUT/README.md); a run writes them when it ends.",
     )  # fmt: skip
     rep.add_argument("out", metavar="OUT", help="a run's output folder")
     rep.add_argument(
-        "--license", help="the card's license id (default: the card's own, else other)"
+        "--license",
+        help="the card's license id, kept for later cards of this folder (default: the one "
+        "given before, else other)",
     )
     push = sub.add_parser(
         "push", formatter_class=_formatter,
         description="Upload the card, report, manifest and data/ of OUT to the dataset "
-        "repository REPO_ID (token: HF_TOKEN or `hf auth login`).",
+        "repository REPO_ID (token: HF_TOKEN or `hf auth login`). The folder and the token "
+        "are checked before anything is sent; a Hub or network failure is one line and "
+        "exit code 8.",
     )  # fmt: skip
     push.add_argument("out", metavar="OUT", help="a finished run's output folder")
     push.add_argument("repo_id", metavar="REPO_ID", help="OWNER/NAME on the Hub")
@@ -108,7 +114,7 @@ def _delegate(name: str, argv: list[str]) -> int:
         )
         return EXIT_CONFIG
     module = importlib.import_module(module_name)
-    run: Callable[[list[str]], Any] | None = getattr(module, "main", None)
+    run: Callable[..., Any] | None = getattr(module, "main", None)
     if run is None:  # a module run only as a script: run it as `python -m` would
         import runpy
 
@@ -121,7 +127,10 @@ def _delegate(name: str, argv: list[str]) -> int:
         finally:
             sys.argv = saved
         return 0
-    code = run(argv)
+    # A module whose main takes ``prog`` names itself as called: `factory domain --help`
+    # says `factory domain`, not `python -m factory.domain`.
+    takes_prog = "prog" in inspect.signature(run).parameters
+    code = run(argv, prog=f"factory {name}") if takes_prog else run(argv)
     return int(code or 0)
 
 
@@ -137,16 +146,18 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from factory.io.report import write_card, write_report
+    from factory.io.report import write_documents
 
-    print(write_report(args.out))
-    print(write_card(args.out, license_id=args.license))
+    for path in write_documents(args.out, license_id=args.license):
+        print(path)
     return 0
 
 
 def _push(args: argparse.Namespace) -> int:
-    from factory.io.report.hub import push
+    from factory.io.report.hub import push, push_warnings
 
+    for line in push_warnings(args.out, args.license):
+        print(f"warning: {line}", file=sys.stderr)
     commit = push(args.out, args.repo_id, private=args.private, license_id=args.license)
     print(f"pushed {args.out} to https://huggingface.co/datasets/{args.repo_id}: {commit}")
     return 0

@@ -337,6 +337,14 @@ class AmplifyConfig(_Strict):
     max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")
     max_tokens: int | None = Field(None, ge=1, description="Stop issuing at this many tokens.")
+    confirm_above_usd: float | None = Field(
+        25.0,
+        ge=0,
+        description="On a terminal, a run whose estimated cost (what is left to pay) exceeds "
+        "this asks for confirmation before its first call, unless --yes (overridden by "
+        "--confirm-above). Without a terminal (ray job submit) nothing is asked: the plan is "
+        "printed and the caps bound the spend. null: never ask.",
+    )
     system_prompt_format: Literal["json", "hermes"] = Field(
         "json", description="Tools block format of the deployment system prompt in the output."
     )
@@ -351,6 +359,18 @@ class OutputConfig(_Strict):
     shard_rows: int = Field(5000, ge=1, description="Rows per Parquet shard at most.")
     reasoning: Literal["keep", "strip"] = Field(
         "keep", description="keep: <think>...</think> before calls and answers; strip: drop it."
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="The model the data trains (a Hugging Face name or a local folder): "
+        "OUT/llamafactory/sft.yaml trains it, and its tokenizer (loaded offline with "
+        "transformers, when installed and cached) counts the rows' tokens for cutoff_len. "
+        "Default: Qwen/Qwen3-8B, counted at 3 characters per token.",
+    )
+    template: str | None = Field(
+        None,
+        description="LLaMA-Factory chat template of sft.yaml (one that renders tools: qwen3, "
+        "llama3, mistral, glm4 ...); default: told from output.tokenizer's name.",
     )
 
 

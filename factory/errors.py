@@ -22,6 +22,7 @@ tree (kept in step with the classes below)::
     │   └── OutputDamaged           a finished folder's file is not what its manifest says
     ├── Interrupted                 Ctrl-C / SIGTERM, or a worker whose driver is gone
     ├── ServeError                  a pool replica (llm.serve) never became healthy
+    ├── UnreachableError            a service (an LLM endpoint, the Hub) refused or failed
     └── EnvironmentError_           executable world refused an action (tool error)
 
 Messages say what to do next and never carry a secret or a whole payload:
@@ -55,6 +56,7 @@ __all__ = [
     "SeedError",
     "SeedFormatError",
     "ServeError",
+    "UnreachableError",
     "ValidationError",
     "describe_os_error",
     "short",
@@ -69,7 +71,7 @@ EXIT_BUDGET = 4
 EXIT_INCOMPLETE = 5  # stopped before the target for another reason (no progress, calls failing)
 EXIT_LOCKED = 6  # another run holds the output folder
 EXIT_WRITE = 7  # an output or cache write failed (disk full, read-only): the message names the path
-EXIT_UNREACHABLE = 8  # no LLM call succeeded for llm.stall_s: the endpoint is named
+EXIT_UNREACHABLE = 8  # an LLM endpoint (before the run, or none answering for llm.stall_s) or the Hub
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the folder is left resumable
 
 
@@ -219,6 +221,16 @@ class ServeError(FactoryError):
 
     exit_code = EXIT_INCOMPLETE
     reason = "serve_failed"
+
+
+class UnreachableError(FactoryError):
+    """A service the command needs could not be reached or refused it: an LLM endpoint
+    nothing listens on, checked before Ray starts (``factory.preflight``), or the Hugging
+    Face Hub during ``factory push`` (``factory.io.report.hub``). Nothing was started or
+    published; the message names the service and what to check."""
+
+    exit_code = EXIT_UNREACHABLE
+    reason = "unreachable"
 
 
 class EnvironmentError_(FactoryError):

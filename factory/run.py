@@ -3,9 +3,10 @@
 Parses arguments and calls one library function. Expected errors become a
 one-line message and a documented exit code (README, "Exit codes"):
 0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
-cap, 5 stopped before the target, 6 output folder in use, 7 a write failed, 130
-interrupted (Ctrl-C, SIGTERM: one line says how to resume). Under pytest
-unexpected errors re-raise so tests see the traceback.
+cap, 5 stopped before the target (or not started: a confirmation declined), 6 output
+folder in use, 7 a write failed, 8 no LLM endpoint answers, 130 interrupted (Ctrl-C,
+SIGTERM: one line says how to resume). Under pytest unexpected errors re-raise so tests
+see the traceback.
 """
 
 from __future__ import annotations
@@ -20,15 +21,21 @@ from typing import Any
 from factory.config import load_recipe, resolve_recipe_path
 from factory.engine import interrupts
 from factory.engine.console import expected_error, process_start_time, setup_logging
-from factory.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ConfigError, FactoryError
+from factory.errors import (
+    EXIT_INCOMPLETE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    ConfigError,
+    FactoryError,
+)
 from factory.secrets import redact
 
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m factory.run") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m factory.run",
+        prog=prog,
         description="Run a factory recipe (pipelines/*.yaml).",
     )
     p.add_argument("recipe", help="recipe file, or a name under pipelines/ (airline.yaml)")
@@ -47,6 +54,25 @@ def _parser() -> argparse.ArgumentParser:
         help="read and check seeds, print the plan (calls, tokens, cost); call nothing",
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument(
+        "--show-prompts",
+        action="store_true",
+        help="with --dry-run: print one rendered prompt per LLM stage before the cost table",
+    )
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="start without asking, whatever the estimated cost (a terminal asks above "
+        "amplify.confirm_above_usd)",
+    )
+    p.add_argument(
+        "--confirm-above",
+        type=float,
+        metavar="USD",
+        help="ask on a terminal before a run whose estimated cost left to pay exceeds USD "
+        "(default: the recipe's amplify.confirm_above_usd, 25)",
+    )
     p.add_argument(
         "--devserver",
         nargs="?",
@@ -81,9 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     handlers = interrupts.install()
     setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None
@@ -99,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from factory.engine.plan import make_plan
 
-            plan = make_plan(cfg, with_examples=not args.json)
-            print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
+            plan = make_plan(cfg, with_examples=args.show_prompts and not args.json)
+            text = plan.render(show_prompts=args.show_prompts)
+            print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
             return 0
+        out_dir = Path(args.output or cfg.output.dir).resolve()
+        if not _preflight(cfg, out_dir, args, devserver=server is not None):
+            return EXIT_INCOMPLETE
         from factory.engine.runner import run
 
-        out_dir = Path(args.output or cfg.output.dir).resolve()
         result = run(
             cfg,
             out_dir,
@@ -147,6 +176,58 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         interrupts.restore(handlers)
+
+
+def _preflight(cfg: Any, out_dir: Path, args: argparse.Namespace, *, devserver: bool) -> bool:
+    """Before Ray: keys and endpoints checked, the plan printed, and on a terminal a costly
+    run confirmed (``factory.preflight``). False: the person declined; nothing started.
+
+    Raises:
+        ConfigError: an endpoint's key variable is unset.
+        UnreachableError: no endpoint answers a connect.
+    """
+    from factory import preflight
+
+    preflight.check_keys(cfg)
+    for line in preflight.check_endpoints(cfg):
+        print(f"warning: {line}", file=sys.stderr)
+    if cfg.pipeline != "amplify":
+        print(f"plan: {cfg.pipeline}: no LLM call, nothing is paid", flush=True)
+        return True
+    prior = preflight.prior_run(
+        out_dir, cfg, fresh=args.fresh, drop_cache=args.drop_cache, retry_failed=args.retry_failed
+    )
+    if prior.finished:
+        return True  # the run says "already complete" and calls nothing
+    from factory.engine.plan import make_plan
+
+    plan = make_plan(cfg, with_examples=False)
+    assert cfg.llm is not None
+    est = preflight.estimate(plan.stages, batch=cfg.llm.backend == "openai_batch")
+    # stdout: what `ray job submit` keeps in the job's log
+    print(plan.render(), *preflight.plan_lines(est, cfg, prior, devserver=devserver), sep="\n")
+    assert cfg.amplify is not None
+    threshold = cfg.amplify.confirm_above_usd if args.confirm_above is None else args.confirm_above
+    cost = preflight.to_pay(est, prior)
+    ask = preflight.needs_confirmation(
+        cost, threshold, interactive=sys.stdin.isatty(), yes=args.yes, paid=not devserver
+    )
+    if not ask:
+        if cost is not None and threshold is not None and cost > threshold and not args.yes:
+            print(
+                f"no terminal to ask: starting (the estimate exceeds {threshold:,.2f} USD; "
+                "the caps above bound the spend)",
+                flush=True,
+            )
+        return True
+    try:
+        answer = input(f"Start this run? It may cost about {cost:,.2f} USD. [y/N] ")
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("not started: nothing was called or written (--yes starts without asking)")
+    return False
 
 
 def _interrupted(signame: str, argv: list[str]) -> int:

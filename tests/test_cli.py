@@ -81,3 +81,14 @@ def test_the_console_script_and_python_m_factory() -> None:
         [sys.executable, "-m", "factory", "--help"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and _squash(done.stdout) == _squash(_readme_help())
+
+
+@pytest.mark.parametrize("name", ["domain", "run"])
+def test_a_delegated_command_names_itself_as_called(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: factory {name} ") and "python -m" not in out

@@ -30,7 +30,13 @@ def test_dry_run_from_repo_root_with_bare_name(monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert "seeds: 41 read, 41 valid, 0 rejected" in out
     assert "prefilter" in out and "amplify" in out and "estimated total cost" in out
-    assert "--- example amplify prompt ---" in out and "### Reference trajectory" in out
+    assert "--- example" not in out  # prompts only with --show-prompts
+    assert main(["airline.yaml", "--dry-run", "--show-prompts"]) == 0
+    shown = capsys.readouterr().out
+    assert "--- example amplify prompt ---" in shown and "### Reference trajectory" in shown
+    # the cost table ends the output, after the prompts, on the last screen
+    assert shown.rstrip().splitlines()[-1].startswith("estimated total cost:")
+    assert shown.index("--- example amplify prompt ---") < shown.index("stage      model")
 
 
 def test_dry_run_json_plan_counts_seed_rejects(tmp_path: Path, capsys) -> None:

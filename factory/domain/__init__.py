@@ -69,9 +69,13 @@ def init_domain(name: str, seeds: Path, root: Path, *, force: bool = False) -> A
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m factory.domain") -> argparse.ArgumentParser:
+    """The command's parser; ``prog`` is how it was called (``factory domain`` from the
+    ``factory`` command), so usage and help name the command the user typed."""
     p = argparse.ArgumentParser(
-        prog="python -m factory.domain", description=__doc__.splitlines()[0]
+        prog=prog,
+        description="Domain tools: `init NAME --from-seeds FILE` scaffolds a "
+        "data-only domain pack from seed trajectories.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="scaffold a data-only domain pack from seed trajectories")
@@ -82,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m factory.domain") -> int:
+    args = build_parser(prog).parse_args(argv)
     root = Path(args.root)
     try:
         result = init_domain(args.name, Path(args.from_seeds), root, force=args.force)
@@ -96,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("review before a large run:")
     for line in result.review:
         print(f"  - {line}")
+    run = "factory run" if prog.startswith("factory ") else "python -m factory.run"
     print(
-        "then try it offline: python -m factory.run "
+        f"then try it offline: {run} "
         f"{root / 'pipelines' / (args.name + '.yaml')} --devserver --set amplify.target=50"
     )
     return 0

@@ -66,13 +66,21 @@ class Plan:
             "stages": [s.to_dict() for s in self.stages],
         }
 
-    def render(self) -> str:
+    def render(self, *, show_prompts: bool = False) -> str:
+        """The plan as text: seeds, then (``show_prompts``) one rendered prompt per LLM
+        stage, then the cost table last, so a terminal's last screen shows the cost."""
         lines = [
             f"seeds: {self.seeds_read} read, {self.seeds_valid} valid, "
             f"{self.seeds_rejected} rejected",
         ]
         for code, n in self.reject_reasons.most_common():
             lines.append(f"  rejected {code}: {n}")
+        for stage, messages in self.example_prompts.items() if show_prompts else ():
+            lines.append("")
+            lines.append(f"--- example {stage} prompt ---")
+            for m in messages:
+                lines.append(f"[{m['role']}]")
+                lines.append(m["content"])
         if self.stages:
             lines.append("")
             lines.append(
@@ -92,12 +100,6 @@ class Plan:
                 f"estimated total cost: {sum(priced):,.2f} USD online, {sum(batched):,.2f} USD "
                 "through the Batch API (llm.backend: openai_batch)"
             )
-        for stage, messages in self.example_prompts.items():
-            lines.append("")
-            lines.append(f"--- example {stage} prompt ---")
-            for m in messages:
-                lines.append(f"[{m['role']}]")
-                lines.append(m["content"])
         return "\n".join(lines)
 
 

@@ -17,7 +17,15 @@ from factory.engine.ledger import Ledger
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
 
-__all__ = ["CAPS", "STAGE_ORDER", "RunResult", "new_manifest", "write_manifest"]
+__all__ = [
+    "CAPS",
+    "STAGE_ORDER",
+    "RunResult",
+    "cost_line",
+    "domain_summary",
+    "new_manifest",
+    "write_manifest",
+]
 
 STAGE_ORDER = (
     "read",
@@ -86,8 +94,7 @@ class RunResult:
             lines.append(
                 f"tokens: prompt {tokens.get('prompt_tokens', 0):,} (cached "
                 f"{tokens.get('cached_tokens', 0):,}), completion "
-                f"{tokens.get('completion_tokens', 0):,}; cost "
-                f"{self.manifest.get('cost_usd', 0):.4f} USD"
+                f"{tokens.get('completion_tokens', 0):,}; {cost_line(self.manifest)}"
             )
         retries = self.manifest.get("retries") or {}
         if retries:  # summarised here; one line per retry only at DEBUG
@@ -109,6 +116,19 @@ class RunResult:
         return "\n".join(lines)
 
 
+def cost_line(manifest: dict[str, Any]) -> str:
+    """What the output cost and what this run paid: an extended or resumed run replays
+    the calls earlier runs paid for from the cache, so the two differ (issue 25)."""
+    total = float(manifest.get("cost_usd") or 0.0)
+    paid = manifest.get("cost_usd_paid_this_run")
+    if paid is None or abs(float(paid) - total) < 5e-5:
+        return f"cost {total:.4f} USD"
+    return (
+        f"paid by this run {float(paid):.4f} USD; cost of the whole output {total:.4f} USD "
+        "(the rest answered from the response cache)"
+    )
+
+
 def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
     return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
 
@@ -116,9 +136,22 @@ def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
 def new_manifest(cfg: RecipeConfig) -> Manifest:
     """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
     started, since = run_clock()
-    return Manifest(
+    manifest = Manifest(
         recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
     )
+    manifest.extra["domain"] = domain_summary(cfg)
+    return manifest
+
+
+def domain_summary(cfg: RecipeConfig) -> dict[str, Any]:
+    """The manifest's ``domain``: its name and every tool it offers, so the report can
+    list the tools no row called (envsim's step samples carry no tool list)."""
+    if cfg.parts is not None:  # each part's rows carry their own domain's tools
+        return {"name": cfg.domain.name, "parts": [p.label or p.domain.name for p in cfg.parts]}
+    from factory.envs.pack import load_domain
+
+    tools = [str(t.get("name")) for t in load_domain(cfg).public_tools()]
+    return {"name": cfg.domain.name, "tools": sorted(tools)}
 
 
 def write_manifest(

@@ -310,16 +310,20 @@ def to_alpaca(
         facts: the domain's facts a slice cannot show (see :func:`simulation_prompt`).
 
     Returns:
-        ``{"instruction": role + tool spec (+ code), "input": state + call,
-        "output": answer}``; the instruction repeats per tool, so a trainer's
-        prefix sharing still applies within a tool.
+        ``{"system": the simulator's instructions, "instruction": tool spec (+ code,
+        facts), "input": state + call, "output": answer}``. The instructions are the
+        row's system prompt (LLaMA-Factory's ``system`` column), as a simulator is asked
+        at inference (``simulation_messages``); without one a chat template inserts its
+        own default ("You are Qwen ..."). The instruction repeats per tool, so a
+        trainer's prefix sharing applies within a tool.
     """
     blocks = simulation_prompt(sample, tool_spec, code, facts)
     answer = render_prediction(sample["observation"], sample["delta"])
     if reasoning:
         answer = f"{THINK_OPEN}{reasoning.strip()}{THINK_CLOSE}{answer}"
     return {
-        "instruction": f"{blocks['system']}\n\n{blocks['tool']}",
+        "system": blocks["system"],
+        "instruction": blocks["tool"],
         "input": blocks["call"],
         "output": answer,
     }

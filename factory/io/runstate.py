@@ -74,6 +74,7 @@ STATE_FILE = "run.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = "cache"  # the default cache location inside the output folder
 UNSTORED_DIR = "unstored"
+CARD_SETTINGS = "card.json"  # the card's license, given once (factory.io.report.card)
 BATCHES_DIR = "batches"  # the batch journal: kept across resumes, like the cache
 GENERATED = (
     "data",
@@ -85,6 +86,7 @@ GENERATED = (
     "dataset_info.json",
     "report.html",  # the run report and the dataset card: written again when a run ends
     "README.md",
+    "llamafactory",  # the SFT config (factory.io.report.training), written with the report
     ".tmp",
 )
 # Settings that change neither a request nor a row: a resumed run may change them
@@ -94,6 +96,9 @@ RESUMABLE = (
     "amplify.max_cost_usd",
     "amplify.max_tokens",
     "amplify.max_calls",
+    "amplify.confirm_above_usd",
+    "output.tokenizer",
+    "output.template",
     "amplify.target",
     "llm.endpoints",
     "llm.serve",
@@ -373,7 +378,9 @@ def _clear_for_fresh(cfg: RecipeConfig, out_dir: Path, *, drop_cache: bool) -> s
     The response cache holds answers the user paid for; a request of the new run
     that equals a cached one costs nothing, so it is kept unless asked.
     """
-    keep = {LOCK_FILE} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
+    # The license given for the card (factory report/push --license) is the user's choice
+    # about publishing the dataset, not an output of the recipe: kept too.
+    keep = {LOCK_FILE, CARD_SETTINGS} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
     for child in out_dir.iterdir():
         if child.name in keep:
             continue

@@ -245,7 +245,12 @@ def write_dataset_info(
         entry = {
             "file_name": "data",
             "formatting": "alpaca",
-            "columns": {"prompt": "instruction", "query": "input", "response": "output"},
+            "columns": {
+                "prompt": "instruction",
+                "query": "input",
+                "response": "output",
+                "system": "system",
+            },
         }
     else:
         raise ValueError(f"unknown formatting {formatting!r}")

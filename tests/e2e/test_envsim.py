@@ -7,12 +7,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run
 from factory.envsim.simulator import parse_prediction
 from factory.evaluate import main as evaluate_main
 from tests.helpers import check_alpaca, recipe
+from tests.helpers.browser import assert_readable, chromium_path, open_page
 
 pytestmark = pytest.mark.ray
 
@@ -59,6 +61,17 @@ def test_balance2_exact_quotas_loadable_and_exact_labels(ray_session, tmp_path: 
     assert div["per_task"]["max"] == max(per_task.values())
     assert div["per_task"]["tasks"] - div["per_task"]["tasks_with_nothing"] == len(per_task)
     assert 0 < div["distinct_calls"] <= len(rows) and 0 < div["distinct_states"] <= len(rows)
+    # The report, as a browser draws it: tools never called are named against the domain's
+    # list (step samples carry none), and every section is readable (issue 25).
+    never = sorted(set(manifest["domain"]["tools"]) - set(div["tool_calls"]))
+    page = (out / "report.html").read_text()
+    assert "Never called:</b> " + ", ".join(f"<code>{t}</code>" for t in never) in page
+    assert f"{len(div['tool_calls'])} of {len(manifest['domain']['tools'])} tools called" in page
+    if chromium_path():
+        check = open_page(out / "report.html", screenshot=tmp_path / "envsim.png", full_page=True)
+        assert_readable(check)
+    sft = yaml.safe_load((out / "llamafactory" / "sft.yaml").read_text())
+    assert sft["dataset"] == "factory_airline_envsim" and sft["cutoff_len"] % 256 == 0
 
 
 def test_small_mixture_reports_shortfall_instead_of_borrowing(

@@ -259,7 +259,7 @@ def test_dry_run_counts_the_same_rejects(hostile, capsys: pytest.CaptureFixture[
     assert seeds["reasons"] == dict(bad)
     assert seeds["read"] == len(cases) and seeds["rejected"] == bad.total()
     # The amplify recipe's dry run renders a prompt for every valid seed, injected ones too.
-    code = main([str(AMPLIFY), "--dry-run", "--set", f"seeds.path={path}"])
+    code = main([str(AMPLIFY), "--dry-run", "--show-prompts", "--set", f"seeds.path={path}"])
     out = capsys.readouterr().out
     assert code == 0 and f"seeds: {len(cases)} read," in out
     assert re.findall(rf"^{re.escape(HEADING)}$", out, re.M) == [HEADING]

@@ -10,7 +10,7 @@ import pytest
 
 from factory.io.runstate import verify_output
 from tests.helpers import dev_overrides, recipe
-from tests.helpers.browser import chromium_path, open_page
+from tests.helpers.browser import assert_readable, chromium_path, open_page
 from tests.helpers.reportfolder import make_folder
 
 
@@ -40,11 +40,14 @@ def test_a_run_ends_with_its_report_and_card(ray_session, devserver, tmp_path: P
     assert 'alt="Rows over time"' in page and 'alt="Cost per stage (USD)"' in page
     ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert ds.num_rows == 30
+    assert (out / "llamafactory" / "sft.yaml").is_file()
     if chromium_path():
-        check = open_page(report)
-        assert check.console_errors == [] and check.requests == []
+        check = open_page(report, screenshot=tmp_path / "amplify.png", full_page=True)
         assert len(check.plots) >= 10
-        assert all(p["complete"] and p["width"] > 0 and p["shown"] > 0 for p in check.plots)
+        assert_readable(check)
+        titles = [s["title"] for s in check.sections]
+        assert "Training fit (LLaMA-Factory)" in titles and "More from the manifest" in titles
+        assert "diversity" in {m["title"] for m in check.more}
 
 
 def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
@@ -53,14 +56,11 @@ def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
     from factory.io.report import write_report
 
     chromium_path()  # skips, saying why, without a browser
-    extra = {"diversity": {"tools_per_row": {"1": 4, "2": 8}}}
+    extra = {"diversity": {"tools_per_row": {"rows": 12, "histogram": {"1": 4, "2": 8}}}}
     report = write_report(make_folder(tmp_path / "o", extra=extra))
     check = open_page(report, screenshot=tmp_path / "shot.png")
     assert check.title.startswith("factory run report")
-    assert check.console_errors == []
     assert check.requests == []  # nothing fetched: the file is the whole report
     assert len(check.plots) >= 11
-    for plot in check.plots:
-        assert plot["complete"] and plot["width"] > 50 and plot["height"] > 50, plot
-        assert plot["shown"] > 50, plot
+    assert_readable(check)
     assert (tmp_path / "shot.png").stat().st_size > 10_000

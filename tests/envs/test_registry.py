@@ -304,7 +304,7 @@ def test_a_data_only_domain_runs_the_seed_checks_with_no_python(
     seeds = json.loads(capsys.readouterr().out)["seeds"]
     # The pack's own rule (book ids) rejects the third seed.
     assert seeds == {"read": 3, "valid": 2, "rejected": 1, "reasons": {"domain:book_id_format": 1}}
-    assert main([str(_library(tmp_path, "amplify")), "--dry-run"]) == 0
+    assert main([str(_library(tmp_path, "amplify")), "--dry-run", "--show-prompts"]) == 0
     out = capsys.readouterr().out
     assert "seeds: 3 read, 2 valid" in out and "lend_book" in out
 

@@ -324,9 +324,11 @@ def test_code_is_shown_only_when_given() -> None:
 def test_to_alpaca(reasoning: str | None) -> None:
     sample = _sample(_spend_certificate)
     row = to_alpaca(sample, tool_spec=SPEC, reasoning=reasoning)
-    assert set(row) == {"instruction", "input", "output"}
-    system = simulation_messages(sample, SPEC)[0]["content"]
-    assert row["instruction"].startswith(system)
+    assert set(row) == {"system", "instruction", "input", "output"}
+    system, user = simulation_messages(sample, SPEC)
+    # the simulator's instructions are the row's system prompt, as at inference
+    assert row["system"] == system["content"] and system["content"] not in row["instruction"]
+    assert user["content"] == row["instruction"] + "\n\n" + row["input"]
     assert '"name": "book_reservation"' in row["instruction"] and "x-kind" not in row["instruction"]
     assert row["input"].startswith(STATE_MARKER) and SIM_MARKER in row["input"]
     assert USER not in row["instruction"]  # the state goes in the input, never the instruction

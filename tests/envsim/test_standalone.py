@@ -95,7 +95,9 @@ def test_alpaca_rows_read_back_as_the_same_sample(
         assert back["tool"] == sample["tool"] and back["arguments"] == sample["arguments"]
         assert back["state_after"] == sample["state_after"]
         assert back["observation"] == sample["observation"]
-        assert back["prompt"][0]["role"] == "user"
+        # asked as it was trained: the simulator's instructions as the system prompt
+        assert [m["role"] for m in back["prompt"]] == ["system", "user"]
+        assert back["prompt"][0]["content"].startswith("You simulate the back end")
 
 
 # --- tool errors in the tool's own terms -----------------------------------------------------

@@ -225,6 +225,8 @@ def check_alpaca(out: Path) -> list[dict]:
         aligned = conv(example)
         assert len(aligned["_prompt"]) == 1 and aligned["_prompt"][0]["content"]
         assert len(aligned["_response"]) == 1 and aligned["_response"][0]["content"]
+        if entry["columns"].get("system"):  # the row's own system prompt, never the template's
+            assert aligned["_system"] == example["system"]
     return rows
 
 

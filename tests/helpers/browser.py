@@ -36,11 +36,36 @@ class PageCheck:
     requests: list[str] = field(default_factory=list)  # anything not file: or data:
     plots: list[dict[str, Any]] = field(default_factory=list)
     title: str = ""
+    # The page's structure as rendered: tables inside table cells (a nested dump), each
+    # section's title, text and tables/plots, each "More from the manifest" entry's.
+    nested_tables: int = 0
+    sections: list[dict[str, Any]] = field(default_factory=list)
+    more: list[dict[str, Any]] = field(default_factory=list)
 
 
-def open_page(path: Path, *, screenshot: Path | None = None) -> PageCheck:
-    """Load ``path`` (file://) and report console errors, outside requests and how each
-    ``img.plot`` rendered (complete, natural size, size on the page)."""
+_STRUCTURE = """() => {
+  const count = (el, sel) => (el.matches(sel) ? 1 : 0) + el.querySelectorAll(sel).length;
+  const sections = Array.from(document.querySelectorAll('section')).map(s => {
+    const h = s.querySelector('h2');
+    return {title: h.textContent, text: s.innerText.slice(h.innerText.length).trim(),
+            tables: count(s, 'table'), plots: count(s, 'img.plot')};
+  });
+  const more = [];
+  for (const h of document.querySelectorAll('#more h3')) {
+    let tables = 0, plots = 0, text = '';
+    for (let n = h.nextElementSibling; n && n.tagName !== 'H3'; n = n.nextElementSibling) {
+      tables += count(n, 'table'); plots += count(n, 'img.plot'); text += n.innerText;
+    }
+    more.push({title: h.textContent, tables, plots, text: text.trim()});
+  }
+  return {nested: document.querySelectorAll('td table, th table').length, sections, more};
+}"""
+
+
+def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = False) -> PageCheck:
+    """Load ``path`` (file://) and report console errors, outside requests, how each
+    ``img.plot`` rendered (complete, natural size, size on the page) and the structure
+    of the sections (``PageCheck``); ``screenshot`` saves what the browser drew."""
     from playwright.sync_api import sync_playwright
 
     check = PageCheck()
@@ -73,8 +98,29 @@ def open_page(path: Path, *, screenshot: Path | None = None) -> PageCheck:
                     alt: i.alt, complete: i.complete, width: i.naturalWidth,
                     height: i.naturalHeight, shown: i.getBoundingClientRect().width}))"""
             )
+            found = page.evaluate(_STRUCTURE)
+            check.nested_tables, check.sections, check.more = (
+                found["nested"],
+                found["sections"],
+                found["more"],
+            )
             if screenshot is not None:
-                page.screenshot(path=str(screenshot), full_page=False)
+                page.screenshot(path=str(screenshot), full_page=full_page)
         finally:
             browser.close()
     return check
+
+
+def assert_readable(check: PageCheck) -> None:
+    """What a report worth opening holds, as the browser rendered it (issue 25): every
+    plot drawn, no table nested in a table, no section empty or reading "None", and
+    every entry of "More from the manifest" a table or a plot."""
+    assert check.console_errors == [] and check.requests == []
+    assert all(p["complete"] and p["width"] > 50 and p["shown"] > 50 for p in check.plots)
+    assert check.nested_tables == 0
+    for section in check.sections:
+        assert section["text"] or section["plots"], section["title"]
+        assert section["text"] not in ("None", "empty"), section["title"]
+    for entry in check.more:
+        assert entry["tables"] + entry["plots"] >= 1, entry
+        assert entry["text"] not in ("None", "empty"), entry

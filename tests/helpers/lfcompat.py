@@ -123,3 +123,47 @@ class DataArgs:
     streaming: bool = True
     preprocessing_num_workers: int | None = None
     overwrite_cache: bool = True
+
+
+def _installed_root() -> Path:
+    spec = importlib.util.find_spec("llamafactory")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(
+            "llamafactory is not installed (README install: pip install --no-deps llamafactory)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def argument_names() -> set[str]:
+    """Every key ``llamafactory-cli train CONFIG.yaml`` accepts: the fields of its argument
+    dataclasses (read from the installed source, which needs torch to import) and of
+    transformers' ``Seq2SeqTrainingArguments``."""
+    import ast
+    import dataclasses
+
+    transformers = pytest.importorskip("transformers")
+    names = {f.name for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments)}
+    for path in sorted((_installed_root() / "hparams").glob("*_args.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names |= {
+                    s.target.id
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                }
+    return names
+
+
+def tool_templates() -> set[str]:
+    """LLaMA-Factory's templates that render the tools column in their model family's own
+    tool format (a ``format_tools`` of their own; the others use a generic one)."""
+    import re
+
+    text = (_installed_root() / "data" / "template.py").read_text(encoding="utf-8")
+    found = set()
+    for block in text.split("register_template(")[1:]:
+        name = re.search(r'name="([^"]+)"', block)
+        body = block.split("\nregister_template", 1)[0].split("\n)\n", 1)[0]
+        if name and "format_tools=" in body:
+            found.add(name.group(1))
+    return found

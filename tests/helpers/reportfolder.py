@@ -143,7 +143,8 @@ def make_envsim_folder(out: Path, *, rows: int = 8) -> Path:
         meta = {"labels": labels, "env_id": "env-1", "step": i, "tool": "cancel_reservation"}
         data.add(
             {
-                "instruction": "You simulate the airline tools.",
+                "system": "You simulate the back end of a tool-using environment.",
+                "instruction": "### Tool\ncancel_reservation",
                 "input": f'cancel_reservation({{"reservation_id": "R{i:03d}"}})',
                 "output": f'{{"feedback": "cancelled R{i:03d}", "config_changes": []}}',
                 "id": f"step-{i}",
@@ -157,6 +158,8 @@ def make_envsim_folder(out: Path, *, rows: int = 8) -> Path:
     manifest.extra.update(
         pipeline="envsim",
         episodes=3,
+        domain={"name": "airline",
+                "tools": ["cancel_reservation", "get_user_details", "list_all_airports"]},
         mixture={"name": "balance", "wanted": {"simple": 6, "no_change": 2},
                  "selected": {"simple": 6, "no_change": 2}, "available": {"simple": 9},
                  "shortfall": {}, "excluded": 0},

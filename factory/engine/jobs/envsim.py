@@ -64,6 +64,7 @@ CANDIDATE_SCHEMA = pa.schema(
 )
 ALPACA_SCHEMA = pa.schema(
     [
+        ("system", pa.string()),  # the simulator's instructions (issue 25)
         ("instruction", pa.string()),
         ("input", pa.string()),
         ("output", pa.string()),
@@ -189,7 +190,8 @@ def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[s
     facts = facts_of(sample["tool"]) if facts_of is not None else None
     if cfg.envsim.layout == "envsimbench":  # the environment code is always shown there
         env_code = tool_source(cfg.domain.name, sample["tool"]) or ""
-        row = to_sft_row(sample, env_code=env_code, facts=facts)
+        # EnvSimBench's rows as they are: its instruction holds the whole prompt
+        row = {"system": "", **to_sft_row(sample, env_code=env_code, facts=facts)}
     else:
         code = tool_source(cfg.domain.name, sample["tool"]) if cfg.envsim.with_code else None
         row = to_alpaca(sample, tool_spec=tools[sample["tool"]], code=code, facts=facts)
@@ -232,7 +234,9 @@ def _alpaca_rows(
     picked.sort(key=lambda p: p[0])
     for _, sample in picked:
         row = alpaca_row(cfg, sample, tools)
-        stats.add(sample, chars=sum(len(row[k]) for k in ("instruction", "input", "output")))
+        stats.add(
+            sample, chars=sum(len(row[k]) for k in ("system", "instruction", "input", "output"))
+        )
         yield row
 
 

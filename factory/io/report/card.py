@@ -10,6 +10,7 @@ dates, whether the development server answered instead of a real model).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,21 @@ from factory.secrets import redact_obj
 
 __all__ = [
     "CARD_FILE",
+    "CARD_SETTINGS",
+    "DEFAULT_LICENSE",
     "build_card",
     "card_license",
     "card_metadata",
+    "chosen_license",
+    "saved_license",
     "size_category",
     "write_card",
 ]
 
 CARD_FILE = "README.md"
+# What the user chose for the card (its license): not a generated file, so a resumed run,
+# which deletes and rewrites README.md, keeps it.
+CARD_SETTINGS = "card.json"
 DEFAULT_LICENSE = "other"
 # Recipe keys that describe this machine, not how the data was made (and may name hosts).
 _MACHINE_KEYS = ("output", "ray", "cache")
@@ -98,11 +106,29 @@ def card_metadata(folder: OutputFolder, *, license_id: str = DEFAULT_LICENSE) ->
                 "data_files": [{"split": "train", "path": "data/*.parquet"}],
             }
         ]
+        num_bytes, download_size = _sizes(folder)
         meta["dataset_info"] = {
             "features": features,
-            "splits": [{"name": "train", "num_examples": accepted}],
+            "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": accepted}],
+            "download_size": download_size,
+            "dataset_size": num_bytes,
         }
     return meta
+
+
+def _sizes(folder: OutputFolder) -> tuple[int, int]:
+    """``(num_bytes, download_size)`` of the accepted shards, from their footers alone.
+
+    ``datasets`` ignores (with a warning on every load) a card whose ``splits`` lack
+    ``num_bytes``; it means the uncompressed data size, which each Parquet row group
+    records, so no row is read. ``download_size`` is what the files weigh.
+    """
+    num_bytes = download = 0
+    for file in folder.data_files():
+        meta = pq.ParquetFile(file).metadata
+        num_bytes += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        download += file.stat().st_size
+    return num_bytes, download
 
 
 def _provenance(folder: OutputFolder) -> dict[str, Any]:
@@ -214,11 +240,33 @@ def card_license(path: Path) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
+def saved_license(out_dir: Path) -> str | None:
+    """The license given once for this folder (``OUT/card.json``), or None."""
+    try:
+        found = json.loads((Path(out_dir) / CARD_SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = found.get("license") if isinstance(found, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def chosen_license(out_dir: Path, license_id: str | None = None) -> str:
+    """The card's license: ``license_id`` if given, else the one given before (kept in
+    ``OUT/card.json``, else named by an existing card), else ``other``."""
+    return (
+        license_id
+        or saved_license(out_dir)
+        or card_license(Path(out_dir) / CARD_FILE)
+        or DEFAULT_LICENSE
+    )
+
+
 def write_card(out_dir: Path | str, *, license_id: str | None = None) -> Path:
     """Write ``OUT/README.md`` (atomically) and return its path.
 
-    ``license_id`` None keeps the license the folder's card already names (a resumed
-    run or a new report does not undo ``--license``), else ``other``.
+    A ``license_id`` given is kept in ``OUT/card.json``, which a resumed or extended
+    run and ``--fresh`` leave in place (the card itself is rewritten by every run), so
+    the license given once stays; None uses that one, else ``other``.
 
     Raises:
         ConfigError: ``out_dir`` is not a run's output folder.
@@ -226,6 +274,9 @@ def write_card(out_dir: Path | str, *, license_id: str | None = None) -> Path:
     """
     folder = OutputFolder(out_dir)
     path = folder.path / CARD_FILE
-    chosen = license_id or card_license(path) or DEFAULT_LICENSE
+    chosen = chosen_license(folder.path, license_id)
+    if license_id is not None and license_id != saved_license(folder.path):
+        body = json.dumps({"license": license_id}, indent=2) + "\n"
+        atomic_write_text(folder.path / CARD_SETTINGS, body, folder.path)
     atomic_write_text(path, build_card(folder, license_id=chosen), folder.path)
     return path

@@ -16,15 +16,19 @@ import html
 import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from factory.core.labels import GROUPS, STEP_OUTCOMES, TRAJECTORY_OUTCOMES
 from factory.io.report import plots
 from factory.io.report.folder import OutputFolder, reservoir
+from factory.io.report.more import label_order, more_sections
 from factory.io.report.stats import RowStats
+from factory.io.report.training import SFT_FILE, Fit, fit, load_counter
 from factory.io.writer import atomic_write_text
 
-__all__ = ["REPORT_FILE", "build_report", "write_report"]
+__all__ = ["REPORT_FILE", "Analysis", "analyse", "build_report", "throughput", "write_report"]
 
 REPORT_FILE = "report.html"
 SAMPLES = 5
@@ -35,7 +39,7 @@ _KNOWN = {
     "cost_usd_paid_this_run", "responses_from_cache", "unissued", "timeline", "by_stage",
     "retries", "pipeline",
     "calls", "unissued_by_stage", "target", "prompt_cache", "generated_with_devserver",
-    "budget", "timings", "model", "seeds", "mixture", "episodes", "grounding",
+    "budget", "timings", "model", "seeds", "mixture", "episodes", "grounding", "domain",
 }  # fmt: skip
 
 _CSS = """
@@ -68,7 +72,7 @@ def _num(value: Any) -> str:
 
 def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...] | None = None) -> str:
     out = ["<table>"]
-    if head:
+    if head and any(head):  # no blank header row over a key/value table
         out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>")
     for row in rows:
         cells = []
@@ -168,26 +172,19 @@ def _reasons(m: Mapping[str, Any]) -> str:
 
 def _distributions(m: Mapping[str, Any], stats: RowStats) -> str:
     figs: list[plots.Plot] = []
+    outcomes = (*TRAJECTORY_OUTCOMES, *STEP_OUTCOMES)
     if stats.outcome:
-        figs.append(plots.bars(dict(stats.outcome.most_common()), "Outcome", xlabel="rows"))
+        figs.append(plots.bars(label_order(stats.outcome, outcomes), "Outcome", xlabel="rows"))
     if stats.group:
-        figs.append(plots.bars(dict(stats.group.most_common()), "Group", xlabel="rows"))
-    if stats.delta_size:
-        figs.append(plots.histogram(stats.delta_size, "|Δ| (state-change ops)", xlabel="|Δ|"))
-    if stats.arg_cardinality:
-        figs.append(
-            plots.histogram(stats.arg_cardinality, "Argument cardinality", xlabel="arguments")
-        )
-    if stats.turns:
-        figs.append(plots.histogram(stats.turns, "Turns per row", xlabel="turns"))
-    if stats.calls_per_row:
-        figs.append(plots.histogram(stats.calls_per_row, "Tool calls per row", xlabel="calls"))
-    if stats.chars:
-        width = max(1, max(stats.chars) // 30 or 1)
-        binned = Counter((c // width) * width for c in stats.chars)
-        figs.append(
-            plots.histogram(binned, f"Length (characters, bins of {width})", xlabel="characters")
-        )
+        figs.append(plots.bars(label_order(stats.group, GROUPS), "Group", xlabel="rows"))
+    for counts, title, xlabel in (
+        (stats.delta_size, "|Δ| (state-change ops)", "|Δ|"),
+        (stats.arg_cardinality, "Argument cardinality", "arguments"),
+        (stats.turns, "Turns per row", "turns"),
+        (stats.calls_per_row, "Tool calls per row", "calls"),
+    ):
+        if counts:
+            figs.append(plots.histogram(counts, title, xlabel=xlabel))
     body = _figures(figs) if figs else "<p>No accepted row to count.</p>"
     mixture = m.get("mixture") or {}
     if mixture.get("wanted"):
@@ -207,13 +204,19 @@ def _distributions(m: Mapping[str, Any], stats: RowStats) -> str:
     return body
 
 
-def _tools(stats: RowStats) -> str:
-    coverage = stats.coverage()
-    if not coverage:
+def _tools(m: Mapping[str, Any], stats: RowStats) -> str:
+    offered = (m.get("domain") or {}).get("tools") or []
+    coverage = stats.coverage(offered)
+    if not coverage or not sum(coverage.values()):
         return "<p>No tool call in the accepted rows.</p>"
-    used = sum(1 for n in coverage.values() if n)
-    offered = len(stats.tools_offered) or len(coverage)
-    body = f"<p>{used} of {offered} tools called ({sum(coverage.values()):,} calls).</p>"
+    never = [name for name, n in coverage.items() if not n]
+    body = (
+        f"<p>{len(coverage) - len(never)} of {len(coverage)} tools called "
+        f"({sum(coverage.values()):,} calls).</p>"
+    )
+    if never:
+        body += "<p><b>Never called:</b> " + ", ".join(f"<code>{_e(n)}</code>" for n in never)
+        body += "</p>"
     return body + _figures(
         [plots.bars(coverage, "Calls per tool", xlabel="calls", horizontal=True)]
     )
@@ -224,7 +227,11 @@ def _seed_yield(m: Mapping[str, Any], stats: RowStats) -> str:
     summary = stats.seed_yield(kept)
     if not summary:
         return "<p>The rows carry no seed id.</p>"
-    body = _table(list(summary.items()), ("accepted rows per seed", ""))
+    rows = [(k.replace("_", " "), v) for k, v in summary.items()]
+    body = _table(rows, ("accepted rows per seed", ""))
+    nothing = ((m.get("diversity") or {}).get("per_seed") or {}).get("seeds_with_nothing_ids")
+    if nothing:
+        body += "<p><b>Seeds without an accepted row:</b> " + ", ".join(map(_e, nothing)) + "</p>"
     histo = Counter(stats.per_seed.values())
     if summary.get("seeds_without_rows"):
         histo[0] += summary["seeds_without_rows"]
@@ -274,36 +281,48 @@ def _cost(m: Mapping[str, Any]) -> str:
     return body + _figures(figs)
 
 
+def throughput(
+    seconds: list[float], total: list[float], wall_s: float, bins: int = 40
+) -> tuple[list[float], list[float]]:
+    """Rows per second in ``bins`` equal windows from 0 to ``wall_s``: ``(window starts,
+    rates)``, from the timeline's cumulative ``total`` at its ``seconds``."""
+    span = max(wall_s, seconds[-1] if seconds else 0.0, 1e-9)
+    width = span / bins
+    starts = [i * width for i in range(bins)]
+    done = [0.0] * bins
+    before = 0.0
+    for t, n in zip(seconds, total, strict=True):
+        done[min(bins - 1, int(t / width))] += n - before
+        before = n
+    return [*starts, span], [d / width for d in done] + [done[-1] / width]
+
+
 def _over_time(m: Mapping[str, Any]) -> str:
     timeline = m.get("timeline") or {}
     points, columns = timeline.get("points") or [], timeline.get("columns") or []
-    if len(points) >= 2 and "seconds" in columns:
+    if points and "seconds" in columns and "total" in columns:
         col = {name: [p[i] for p in points] for i, name in enumerate(columns)}
-        x = col["seconds"]
-        figs = [
-            plots.lines(
-                x,
-                {k: col[k] for k in ("total", "accepted") if k in col},
-                "Rows over time",
-                xlabel="seconds since start",
-                ylabel="rows",
-            )
-        ]
-        rate = [0.0] + [
-            (col["total"][i] - col["total"][i - 1]) / max(1e-9, x[i] - x[i - 1])
-            for i in range(1, len(x))
-        ]
+        wall = float(m.get("wall_time_s") or col["seconds"][-1])
+        x = [0.0, *col["seconds"], max(wall, col["seconds"][-1])]  # the whole run
+
+        def spanned(name: str) -> list[float]:
+            return [0.0, *col[name], col[name][-1]]
+
+        since = f"seconds since {m.get('wall_time_from') or 'start'}"
+        counts = {k: spanned(k) for k in ("total", "accepted") if k in col}
+        figs = [plots.lines(x, counts, "Rows over time", xlabel=since, ylabel="rows", xmax=x[-1])]
+        starts, rates = throughput(col["seconds"], col["total"], x[-1])
         figs.append(
-            plots.lines(
-                x, {"rows/s": rate}, "Throughput", xlabel="seconds since start", ylabel="rows/s"
-            )
-        )
+            plots.lines(starts, {"rows/s": rates}, "Throughput", xlabel=since, ylabel="rows/s",
+                        xmax=x[-1], step=True)
+        )  # fmt: skip
         if "cost_usd" in col:
-            costs = {k: col[k] for k in ("cost_usd", "paid_usd") if k in col}
+            costs = {k: spanned(k) for k in ("cost_usd", "paid_usd") if k in col}
             figs.append(
-                plots.lines(x, costs, "Cost over time", xlabel="seconds since start", ylabel="USD")
+                plots.lines(x, costs, "Cost over time", xlabel=since, ylabel="USD", xmax=x[-1])
             )
-        return _figures(figs)
+        note = f'<p class="muted">{len(points)} points over {x[-1]:,.1f} s of wall time.</p>'
+        return note + _figures(figs)
     rounds = (m.get("timings") or {}).get("rounds") or []
     if rounds:
         rows = [
@@ -313,6 +332,29 @@ def _over_time(m: Mapping[str, Any]) -> str:
         ]  # fmt: skip
         return _table(rows, ("round", "calls", "seconds", "calls/s"))
     return "<p>This run recorded no time series.</p>"
+
+
+def _training(fit: Fit | None) -> str:
+    if fit is None or not fit.lengths:
+        return "<p>No accepted row to train on.</p>"
+    n = len(fit.lengths)
+    rows: list[tuple[Any, ...]] = [
+        ("config", SFT_FILE),
+        ("model", fit.model),
+        ("template (renders the tools)", fit.template),
+        ("cutoff_len", fit.cutoff_len),
+        ("rows longer than cutoff_len (cut)", f"{fit.over:,} of {n:,} ({fit.over / n:.1%})"),
+        ("longest row (tokens)", max(fit.lengths)),
+        ("tokens counted with", fit.counted_with),
+    ]
+    if fit.note:
+        rows.append(("note", fit.note))
+    counts, width = plots.binned(list(fit.lengths))
+    fig = plots.histogram(
+        counts, f"Tokens per row (bins of {width:,})", xlabel="tokens", bin_width=width,
+        marker=(f"cutoff_len {fit.cutoff_len:,}", fit.cutoff_len),
+    )  # fmt: skip
+    return _table(rows, ("", "")) + _figures([fig])
 
 
 def _cache(m: Mapping[str, Any]) -> str:
@@ -330,55 +372,6 @@ def _cache(m: Mapping[str, Any]) -> str:
     for key, value in (m.get("prompt_cache") or {}).items():
         rows.append((key.replace("_", " "), value if value is not None else "n/a"))
     return _table(rows, ("", ""))
-
-
-def _generic(value: Any, depth: int = 0) -> str:
-    if isinstance(value, Mapping):
-        if not value:
-            return '<span class="muted">empty</span>'
-        return _table_html([(k, _generic(v, depth + 1)) for k, v in value.items()])
-    if isinstance(value, list):
-        if all(not isinstance(v, (Mapping, list)) for v in value):
-            shown = ", ".join(_e(v) for v in value[:50])
-            return shown + (f" … ({len(value)} in all)" if len(value) > 50 else "")
-        return "".join(_generic(v, depth + 1) for v in value[:20])
-    return _num(value) if isinstance(value, (int, float)) else _e(value)
-
-
-def _table_html(rows: list[tuple[str, str]]) -> str:
-    """A key/value table whose values are already HTML."""
-    return (
-        "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
-    )
-
-
-def _numeric_maps(value: Any, path: str) -> Iterator[tuple[str, dict[str, float]]]:
-    """Mappings of 2-60 numbers inside ``value`` (a distribution a feature recorded)."""
-    if not isinstance(value, Mapping):
-        return
-    numbers = {
-        str(k): v
-        for k, v in value.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    if 2 <= len(numbers) == len(value) <= 60:
-        yield path, numbers
-    for k, v in value.items():
-        yield from _numeric_maps(v, f"{path} / {k}")
-
-
-def _more(m: Mapping[str, Any]) -> str:
-    sections = []
-    for key in sorted(set(m) - _KNOWN):
-        value = m[key]
-        figs = [plots.bars(nums, title, xlabel="") for title, nums in _numeric_maps(value, key)]
-        sections.append(
-            f"<h3>{_e(key)}</h3>" + _generic(value) + (_figures(figs[:12]) if figs else "")
-        )
-    for key in ("grounding", "budget"):
-        if m.get(key):
-            sections.append(f"<h3>{_e(key)}</h3>" + _generic(m[key]))
-    return "".join(sections)
 
 
 def _conversation(row: Mapping[str, Any]) -> str:
@@ -462,9 +455,21 @@ def _reject_examples(folder: OutputFolder, per_reason: int = 2) -> str:
 # -- the page ---------------------------------------------------------------------------------
 
 
-def build_report(folder: OutputFolder, *, samples: int = SAMPLES) -> str:
-    """The report page of ``folder`` as one HTML string."""
-    stats = RowStats()
+@dataclass
+class Analysis:
+    """One pass over a folder's accepted rows: what the report and sft.yaml need."""
+
+    stats: RowStats
+    samples: list[dict[str, Any]]
+    fit: Fit
+
+
+def analyse(folder: OutputFolder, *, samples: int = SAMPLES) -> Analysis:
+    """Count the rows (``RowStats``, tokens with the recipe's tokenizer), draw the samples
+    and fit the SFT config (``training``), streaming the shards once."""
+    recipe = dict(folder.state.get("recipe") or {})
+    counter, note = load_counter((recipe.get("output") or {}).get("tokenizer"))
+    stats = RowStats(count=counter.count)
 
     def counted() -> Iterator[dict[str, Any]]:
         for row in folder.rows():
@@ -472,21 +477,31 @@ def build_report(folder: OutputFolder, *, samples: int = SAMPLES) -> str:
             yield row
 
     picked = reservoir(counted(), samples)
-    m = folder.manifest
+    recipe["pipeline"] = folder.pipeline
+    return Analysis(stats, picked, fit(stats.tokens, counter, recipe, note=note))
+
+
+def build_report(
+    folder: OutputFolder, *, samples: int = SAMPLES, analysis: Analysis | None = None
+) -> str:
+    """The report page of ``folder`` as one HTML string."""
+    a = analysis or analyse(folder, samples=samples)
+    stats, m = a.stats, folder.manifest
     sections = [
         ("Funnel", _funnel(m), "funnel"),
         ("Reasons", _reasons(m), "reasons"),
         ("Distributions", _distributions(m, stats), "distributions"),
-        ("Tool coverage", _tools(stats), "tools"),
+        ("Tool coverage", _tools(m, stats), "tools"),
         ("Per-seed yield", _seed_yield(m, stats), "yield"),
+        ("Training fit (LLaMA-Factory)", _training(a.fit), "training"),
         ("Tokens and cost per stage", _cost(m), "cost"),
         ("Throughput and cost over time", _over_time(m), "time"),
         ("Response cache", _cache(m), "cache"),
     ]
-    more = _more(m)
+    more = more_sections(m, _KNOWN)
     if more:
         sections.append(("More from the manifest", more, "more"))
-    sections.append(("Samples", _samples(folder, picked), "samples"))
+    sections.append(("Samples", _samples(folder, a.samples), "samples"))
     sections.append(("Rejected and failed rows: examples", _reject_examples(folder), "rejects"))
     body = _header(folder) + "".join(_section(t, b, a) for t, b, a in sections)
     title = f"factory run report: {m.get('recipe', '?')}"
@@ -496,7 +511,9 @@ def build_report(folder: OutputFolder, *, samples: int = SAMPLES) -> str:
     )
 
 
-def write_report(out_dir: Path | str, *, samples: int = SAMPLES) -> Path:
+def write_report(
+    out_dir: Path | str, *, samples: int = SAMPLES, analysis: Analysis | None = None
+) -> Path:
     """Write ``OUT/report.html`` (atomically) and return its path.
 
     Raises:
@@ -505,5 +522,6 @@ def write_report(out_dir: Path | str, *, samples: int = SAMPLES) -> Path:
     """
     folder = OutputFolder(out_dir)
     path = folder.path / REPORT_FILE
-    atomic_write_text(path, build_report(folder, samples=samples), folder.path)
+    page = build_report(folder, samples=samples, analysis=analysis)
+    atomic_write_text(path, page, folder.path)
     return path

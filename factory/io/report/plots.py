@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["Plot", "bars", "histogram", "lines"]
+__all__ = ["Plot", "bars", "binned", "histogram", "lines", "nice_width"]
 
 _RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "factory-report", "font.size": 9}
 _COLOR = "#4c72b0"
@@ -90,17 +91,62 @@ def bars(
     return _render(fig, title)
 
 
-def histogram(counts: Mapping[int, int], title: str, *, xlabel: str, ylabel: str = "rows") -> Plot:
-    """Bars of integer values (|Δ|, argument cardinality, turns): one bar per value,
-    the empty values between them shown as gaps (a histogram of exact counts)."""
+def nice_width(span: float, bins: int = 40) -> int:
+    """A round bin width (1, 2 or 5 times a power of ten) giving at most ``bins`` bins
+    over ``span``."""
+    raw = max(1.0, span / bins)
+    power = 10 ** math.floor(math.log10(raw))
+    return int(next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
+
+
+def binned(values: Sequence[int], bins: int = 40) -> tuple[dict[int, int], int]:
+    """``values`` counted in bins of a round width: ``({bin start: count}, width)``."""
+    if not values:
+        return {}, 1
+    width = nice_width(max(values) - min(values) + 1, bins)
+    counts: dict[int, int] = {}
+    for v in values:
+        start = (v // width) * width
+        counts[start] = counts.get(start, 0) + 1
+    return dict(sorted(counts.items())), width
+
+
+def _histogram_axes(
+    counts: Mapping[int, int], *, bin_width: int, marker: tuple[str, float] | None
+) -> tuple[Figure, Axes]:
     fig, ax = _figure()
     xs = sorted(counts)
-    ax.bar(xs, [counts[x] for x in xs], width=0.8, color=_COLOR)
+    heights = [counts[x] for x in xs]
+    if bin_width == 1:  # exact integer values: a bar per value, gaps where none is
+        ax.bar(xs, heights, width=0.8, color=_COLOR)
+        if xs and xs[-1] - xs[0] <= 30:
+            ax.set_xticks(range(xs[0], xs[-1] + 1))
+    else:  # a bin [start, start + width) drawn as wide as it is
+        ax.bar(xs, heights, width=bin_width, align="edge", color=_COLOR, edgecolor="white",
+               linewidth=0.4)  # fmt: skip
+    if marker is not None:
+        label, x = marker
+        ax.axvline(x, color="#c44e52", linestyle="--", linewidth=1.2, label=label)
+        ax.legend(frameon=False, loc="upper right")
+    return fig, ax
+
+
+def histogram(
+    counts: Mapping[int, int],
+    title: str,
+    *,
+    xlabel: str,
+    ylabel: str = "rows",
+    bin_width: int = 1,
+    marker: tuple[str, float] | None = None,
+) -> Plot:
+    """A histogram of integer values: ``counts`` maps a value (``bin_width`` 1: |Δ|,
+    argument cardinality, turns) or a bin's start (``binned``) to its rows; each bar is
+    as wide as its bin. ``marker``: a labelled vertical line (a cutoff)."""
+    fig, ax = _histogram_axes(counts, bin_width=bin_width, marker=marker)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if xs and xs[-1] - xs[0] <= 30:
-        ax.set_xticks(range(xs[0], xs[-1] + 1))
     return _render(fig, title)
 
 
@@ -111,11 +157,20 @@ def lines(
     *,
     xlabel: str,
     ylabel: str,
+    xmax: float | None = None,
+    step: bool = False,
 ) -> Plot:
-    """One line per series over ``x`` (throughput and cost over time)."""
+    """One line per series over ``x`` (throughput and cost over time), the x axis from
+    0 to ``xmax`` (the run's wall time) when given; ``step``: values hold until the next x."""
     fig, ax = _figure()
     for name, ys in series.items():
-        ax.plot(x, ys, label=name, marker="." if len(x) < 30 else None)
+        if step:
+            ax.step(x, ys, where="post", label=name)
+        else:
+            ax.plot(x, ys, label=name, marker="." if len(x) < 30 else None)
+    if xmax is not None and xmax > 0:
+        ax.set_xlim(0, xmax)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

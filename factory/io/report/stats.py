@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from factory.io.report.training import row_tokens
 
 __all__ = ["RowStats", "tool_calls"]
 
@@ -60,10 +63,16 @@ class RowStats:
     arg_cardinality: Counter[int] = field(default_factory=Counter)
     turns: Counter[int] = field(default_factory=Counter)
     calls_per_row: Counter[int] = field(default_factory=Counter)
-    chars: list[int] = field(default_factory=list)  # one int per row: 90k rows ~ 3 MB
+    # Tokens per row as the trainer sees them (``training.row_tokens``), when ``count`` is
+    # given: one int per row, 90k rows ~ 3 MB.
+    tokens: list[int] = field(default_factory=list)
+    count: Callable[[str], int] | None = None
+    _tool_lists: set[int] = field(default_factory=set)  # hashes of the tools values seen
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows += 1
+        if self.count is not None:
+            self.tokens.append(row_tokens(row, self.count))
         meta = row.get("meta") or {}
         labels: dict[str, Any] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
         if meta.get("seed_id"):
@@ -81,14 +90,14 @@ class RowStats:
             self.turns[len(conv)] += 1
             self.calls_per_row[len(calls)] += 1
             self.tools_used.update(c["name"] for c in calls)
-            if not self.tools_offered:  # the domain's tools: the same list every row
-                self.tools_offered.update(_tool_names(row.get("tools")))
-            self.chars.append(sum(len(t.get("value") or "") for t in conv))
-        else:  # an alpaca step sample: one call of the tool named in meta
-            if meta.get("tool"):
-                self.tools_used[str(meta["tool"])] += 1
-            text = "".join(str(row.get(k) or "") for k in ("instruction", "input", "output"))
-            self.chars.append(len(text))
+            tools = row.get("tools")
+            seen = hash(tools) if isinstance(tools, str) else None
+            if seen is None or seen not in self._tool_lists:  # one domain: one list, read once
+                self.tools_offered.update(_tool_names(tools))
+                if seen is not None:
+                    self._tool_lists.add(seen)
+        elif meta.get("tool"):  # an alpaca step sample: one call of the tool named in meta
+            self.tools_used[str(meta["tool"])] += 1
 
     def seed_yield(self, seeds_kept: int | None = None) -> dict[str, Any]:
         """Accepted rows per seed: min / median / max over the seeds that produced rows,
@@ -106,8 +115,10 @@ class RowStats:
             out["seeds_without_rows"] = max(0, seeds_kept - len(counts))
         return out
 
-    def coverage(self) -> dict[str, int]:
-        """Calls per tool, every offered tool included (0 for a tool never called)."""
-        out = dict.fromkeys(sorted(self.tools_offered), 0)
+    def coverage(self, offered: Iterable[str] = ()) -> dict[str, int]:
+        """Calls per tool, every offered tool included (0 for a tool never called):
+        those the rows' tools columns list, and ``offered`` (the domain's, from the
+        manifest: step samples carry no tool list)."""
+        out = dict.fromkeys(sorted({*self.tools_offered, *offered}), 0)
         out.update(self.tools_used)
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))

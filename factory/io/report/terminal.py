@@ -94,7 +94,7 @@ def _reject(row: Mapping[str, Any]) -> list[Text]:
 
 
 def render_row(row: Mapping[str, Any], *, rejected: bool = False) -> Panel:
-    """One row as a panel: title = its id, subtitle = provenance and labels."""
+    """One row as a panel: title = its id, first line = provenance and labels (whole)."""
     meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
     if rejected:
         body = _reject(row)
@@ -103,10 +103,12 @@ def render_row(row: Mapping[str, Any], *, rejected: bool = False) -> Panel:
         body = _conversation(row)
     else:
         body = _step(row)
+    labels = _meta_line(meta or {})
+    if labels:  # a line of the body, which wraps: a panel's subtitle is cut at its width
+        body.insert(0, Text(labels, style="dim"))
     return Panel(
         Group(*body),
         title=str(row.get("id") or row.get("seed_id") or "?"),
-        subtitle=_meta_line(meta or {}) or None,
         title_align="left",
         border_style="red" if rejected else "cyan",
     )

@@ -11,7 +11,7 @@ import yaml
 
 from factory.cli import main
 from factory.errors import ConfigError, OutputWriteError
-from factory.io.report.card import size_category, write_card
+from factory.io.report.card import chosen_license, size_category, write_card
 from factory.io.report.hub import PUSHED, push
 from tests.helpers.reportfolder import make_folder
 
@@ -31,7 +31,12 @@ def test_the_card_has_the_hub_metadata_and_the_provenance(tmp_path: Path) -> Non
     ]
     names = [f["name"] for f in meta["dataset_info"]["features"]]
     assert names == ["conversations", "system", "tools", "id", "meta"]
-    assert meta["dataset_info"]["splits"] == [{"name": "train", "num_examples": 12}]
+    (split,) = meta["dataset_info"]["splits"]
+    assert split["name"] == "train" and split["num_examples"] == 12
+    assert split["num_bytes"] > 0 and meta["dataset_info"]["dataset_size"] == split["num_bytes"]
+    assert meta["dataset_info"]["download_size"] == sum(
+        f.stat().st_size for f in (out / "data").glob("*.parquet")
+    )
     assert (
         "generated_with_devserver: true" in card and "Generated with the development server" in card
     )
@@ -42,11 +47,14 @@ def test_the_card_has_the_hub_metadata_and_the_provenance(tmp_path: Path) -> Non
 
 def test_a_license_once_set_stays_when_the_card_is_written_again(tmp_path: Path) -> None:
     from factory.io.report import write_documents
+    from factory.io.runstate import GENERATED
 
     out = make_folder(tmp_path / "o")
     assert _header(write_card(out).read_text(encoding="utf-8"))["license"] == "other"
     assert main(["report", str(out), "--license", "cc-by-4.0"]) == 0
-    # a resumed run ends by writing its reports again, without a license
+    # a resumed run deletes the documents it generates, then writes them again without one
+    assert "README.md" in GENERATED
+    (out / "README.md").unlink()
     write_documents(out)
     card = (out / "README.md").read_text(encoding="utf-8")
     assert _header(card)["license"] == "cc-by-4.0" and "License: `cc-by-4.0`" in card
@@ -56,14 +64,25 @@ def test_a_license_once_set_stays_when_the_card_is_written_again(tmp_path: Path)
     assert _header(explicit)["license"] == "mit"
 
 
-def test_the_folder_loads_with_datasets_as_it_is(tmp_path: Path) -> None:
+def test_the_folder_loads_with_datasets_as_it_is_with_no_warning(tmp_path: Path) -> None:
+    import logging
+
     from datasets import load_dataset
 
     out = make_folder(tmp_path / "o")
     (out / "cache").mkdir()  # what else a run leaves: never read as data
     (out / "cache" / "seg-0.jsonl").write_text('{"request_id": "x", "text": "paid"}\n')
     write_card(out)
-    ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("datasets")  # datasets logs there, not through warnings
+    logger.addHandler(handler)
+    try:
+        ds = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    finally:
+        logger.removeHandler(handler)
+    assert heard == []  # e.g. "The `splits` field in YAML is malformed" (no num_bytes)
     assert ds.num_rows == 12
     assert ds.column_names == ["conversations", "system", "tools", "id", "meta"]
     assert ds[0]["conversations"][0]["from"] == "human"
@@ -95,6 +114,7 @@ class FakeApi:
 def test_push_uploads_the_dataset_files_only(tmp_path: Path) -> None:
     out = make_folder(tmp_path / "o")
     api = FakeApi()
+    api.token = "hf_not_a_real_token"  # type: ignore[attr-defined]
     assert push(out, "me/airline", api=api, license_id="mit") == "commit-1"
     (create, cargs, ckw), (upload, _, ukw) = api.calls
     assert create == "create_repo" and cargs == ("me/airline",)
@@ -112,6 +132,7 @@ def test_push_through_the_command_stops_where_the_network_would_start(
     import huggingface_hub
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
     api = FakeApi()
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", api.create_repo)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", api.upload_folder)
@@ -126,7 +147,7 @@ def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) 
     out = make_folder(tmp_path / "o")
     (out / "data" / "part-00000.parquet").unlink()
     with pytest.raises(OutputWriteError, match="not on disk"):
-        push(out, "me/airline", api=FakeApi())
+        push(out, "me/airline", api=FakeApi())  # before the token is looked for
     state = json.loads((out / "run.json").read_text())
     state["status"] = "running"
     (out / "run.json").write_text(json.dumps(state))
@@ -134,3 +155,119 @@ def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) 
         push(out, "me/airline", api=FakeApi())
     with pytest.raises(ConfigError, match="OWNER/NAME"):
         push(make_folder(tmp_path / "p"), "airline", api=FakeApi())
+
+
+def test_fresh_keeps_the_license_given_for_the_card(tmp_path: Path) -> None:
+    from factory.config import load_recipe
+    from factory.io.runstate import prepare_output
+    from tests.conftest import ROOT
+
+    out = make_folder(tmp_path / "o")
+    write_card(out, license_id="apache-2.0")
+    cfg = load_recipe(ROOT / "pipelines" / "airline.yaml", [f"output.dir={out}"])
+    assert prepare_output(cfg, out, fresh=True, retry_failed=False) == "new"
+    assert not (out / "README.md").exists() and (out / "card.json").is_file()
+    assert chosen_license(out) == "apache-2.0"
+
+
+@pytest.fixture()
+def no_hub_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+
+
+def test_push_without_a_token_stops_before_any_network_use(
+    tmp_path: Path, no_hub_token: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = make_folder(tmp_path / "o")
+    api = FakeApi()
+    with pytest.raises(ConfigError, match="no Hugging Face token: set HF_TOKEN"):
+        push(out, "me/airline", api=api)
+    assert api.calls == []
+    assert main(["push", str(out), "me/airline"]) == 2
+    err = capsys.readouterr().err
+    assert "hf auth login" in err and "Traceback" not in err
+
+
+def _serve_hub(status: int, body: bytes) -> tuple[Any, str]:
+    """A local stand-in for the Hub that answers every request with ``status``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (None, ["cannot reach the Hugging Face Hub at http://127.0.0.1:", "ConnectError"]),
+        (401, ["the Hub answered 401 for me/airline: Invalid credentials", "HF_TOKEN"]),
+        (500, ["the Hub answered 500 for me/airline", "try again later"]),
+    ],
+)
+def test_hub_and_network_failures_are_one_line_and_exit_8(
+    status: int | None,
+    words: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from huggingface_hub import constants
+
+    from tests.helpers import free_port
+
+    server = None
+    if status is None:  # nothing listens there: connection refused
+        endpoint = f"http://127.0.0.1:{free_port()}"
+    else:
+        server, endpoint = _serve_hub(status, b'{"error": "Invalid credentials in Authorization"}')
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    try:
+        code = main(["push", str(make_folder(tmp_path / "o")), "me/airline"])
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    err = capsys.readouterr().err
+    assert code == 8
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and all(w in errors[0] for w in words), err
+    assert "Traceback" not in err and "hf_not_a_real_token" not in err
+
+
+def test_push_warns_about_devserver_rows_and_an_other_license(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import huggingface_hub
+
+    api = FakeApi()
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", api.create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", api.upload_folder)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    out = make_folder(tmp_path / "o")  # written with the development server
+    assert main(["push", str(out), "me/airline"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: these rows were generated with the development server" in err
+    assert "warning: the card's license is `other`: give --license ID" in err
+    assert main(["push", str(out), "me/airline", "--license", "mit"]) == 0
+    err = capsys.readouterr().err
+    assert "development server" in err and "license" not in err
+    assert chosen_license(out) == "mit"

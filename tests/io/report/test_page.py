@@ -26,7 +26,10 @@ def _plots(page: str) -> list[str]:
 
 
 EXTRA = {
-    "diversity": {"distinct_tool_sequences": 7, "tools_per_row": {"1": 4, "2": 8}},
+    "diversity": {
+        "distinct_tool_sequences": 7,
+        "tools_per_row": {"rows": 12, "histogram": {"1": 4, "2": 8}},
+    },
     "near_duplicates": {"removed": 3, "threshold": 0.85},
 }
 
@@ -86,9 +89,69 @@ def test_sections_added_by_other_features_are_shown_and_absent_ones_skipped(
 ) -> None:
     assert "More from the manifest" not in page  # nothing unknown: no empty section
     assert "More from the manifest" in page_with_more
-    assert "distinct_tool_sequences" in page_with_more and "near_duplicates" in page_with_more
-    alts = re.findall(r'<img class="plot" alt="([^"]*)"', page_with_more)
-    assert "diversity / tools_per_row" in alts  # a numeric mapping becomes a bar plot
+    more = page_with_more.split("<h2>More from the manifest</h2>")[1].split("</section>")[0]
+    assert "distinct tool sequences" in more and "<h3>near_duplicates</h3>" in more
+    assert "<td>removed</td>" in more and "<td>threshold</td>" in more  # key: value rows
+    assert "<td><table" not in more  # no nested dump
+    assert ">None<" not in more  # no section of nothing
+    alts = re.findall(r'<img class="plot" alt="([^"]*)"', more)
+    assert alts == ["Distinct tools per row"]  # a histogram the manifest has, plotted once
+
+
+def test_more_from_the_manifest_shows_tables_and_plots_never_dumps() -> None:
+    from factory.io.report.more import label_order, more_sections
+
+    manifest = {
+        "batches": None,  # an absent feature: no section
+        "decontamination": None,
+        "budget": {"max_cost_usd": 2000.0, "max_tokens": None, "cost_usd": 0.7, "calls": 101},
+        "diversity": {
+            "rows": 60,
+            "tool_calls": {"a": 3},  # plotted by Tool coverage: not again
+            "tokens": {"histogram": {"64": 3}},  # the training fit plots the tokens
+            "user_distinct_ngrams": {"1": {"distinct": 463, "total": 2134, "ratio": 0.217}},
+            "labels": {"arg_cardinality": {"1": 24, "11": 14, "2": 5}, "env_id": {"None": 60},
+                       "kind": {"trajectory": 60}, "write_calls": {"1": 31, "10": 2, "2": 4}},
+        },
+        "serve": {"replicas": [{"url": "http://h:8000", "restarts": 0}]},
+    }  # fmt: skip
+    html = more_sections(manifest, known=set())
+    assert "<h3>batches</h3>" not in html and "<h3>decontamination</h3>" not in html
+    assert "<h3>grounding</h3>" not in html  # budget and grounding only when present
+    assert "<td>cost (USD)</td>" in html and "no cap" in html
+    # ratios are a column of a table, never bars beside counts
+    assert "<td>1-grams</td>" in html and "0.217" in html
+    assert "<td>kind</td><td>trajectory</td>" in html and "env_id" not in html
+    assert "replicas.0.url" in html and "<td><table" not in html
+    alts = re.findall(r'<img class="plot" alt="([^"]*)"', html)
+    assert alts == ["Label write_calls"]  # arg_cardinality is plotted by Distributions
+    assert list(label_order({"1": 0, "11": 0, "2": 0, "None": 0})) == ["1", "2", "11", "None"]
+    groups = ("Failure", "No-Change", "Simple", "Medium")
+    assert list(label_order({"Simple": 9, "Failure": 1, "Medium": 5}, groups)) == [
+        "Failure", "Simple", "Medium"
+    ]  # fmt: skip
+
+
+def test_histogram_bars_are_as_wide_as_their_bins() -> None:
+    from factory.io.report.plots import _histogram_axes, binned, nice_width
+
+    counts, width = binned([150, 151, 1230, 4500, 4499, 30_000])
+    assert width == nice_width(30_000 - 150 + 1) == 1000 and min(counts) == 0
+    _fig, ax = _histogram_axes(counts, bin_width=width, marker=("cutoff_len", 4608))
+    bars = list(ax.patches)
+    assert len(bars) == len(counts) and {b.get_width() for b in bars} == {1000}
+    assert [b.get_x() for b in bars] == sorted(counts)  # a bar starts where its bin does
+    _fig, ax = _histogram_axes({1: 3, 2: 5, 11: 1}, bin_width=1, marker=None)
+    assert [round(b.get_x() + b.get_width() / 2) for b in ax.patches] == [1, 2, 11]
+
+
+def test_throughput_spans_the_whole_run() -> None:
+    from factory.io.report.page import throughput
+
+    starts, rates = throughput([43.8, 43.9], [1, 60], wall_s=45.4, bins=10)
+    assert starts[0] == 0 and starts[-1] == pytest.approx(45.4) and len(rates) == len(starts)
+    assert sum(rates[:-1]) * 4.54 == pytest.approx(60)  # every row counted once
+    assert rates[0] == 0 and max(rates) == rates[9]  # nothing before 43.8 s
 
 
 def test_a_folder_without_time_series_or_llm_still_reports(tmp_path: Path) -> None:
@@ -122,6 +185,10 @@ def test_an_envsim_report_shows_step_samples_and_the_step_histograms(tmp_path: P
     page = write_report(make_envsim_folder(tmp_path / "o")).read_text(encoding="utf-8")
     alts = re.findall(r'<img class="plot" alt="([^"]*)"', page)
     assert "|Δ| (state-change ops)" in alts and "Argument cardinality" in alts
-    assert "Calls per tool" in alts and "1 of 1 tools called" in page
+    # the domain's tools (the manifest's, as step samples carry no list), the unused named
+    assert "Calls per tool" in alts and "1 of 3 tools called" in page
+    assert (
+        "<b>Never called:</b> <code>get_user_details</code>, <code>list_all_airports</code>" in page
+    )
     assert "step samples drawn at random" in page and "cancelled R00" in page
     assert "Mixture balance: quotas" in page

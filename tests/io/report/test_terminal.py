@@ -62,3 +62,13 @@ def test_the_command_prints_rows_and_errors_in_one_line(
     assert "no manifest.json" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_where(["outcome"])
+
+
+def test_labels_are_never_cut_in_a_narrow_terminal(tmp_path: Path) -> None:
+    out = make_folder(tmp_path / "o")
+    console = Console(record=True, width=40, color_system=None)
+    inspect_folder(OutputFolder(out), console, n=1)
+    text = " ".join(console.export_text().split())  # the labels may wrap, never be cut
+    for label in ("seed_id=seed-0", "variation=0", "outcome=refused", "group=Failure",
+                  "arg_cardinality=1", "calls=1"):  # fmt: skip
+        assert label in text.replace("│ ", "").replace(" │", ""), label

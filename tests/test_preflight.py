@@ -1,0 +1,186 @@
+"""Before the first paid call: keys, endpoints, the plan, and the question on a terminal."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from factory import preflight
+from factory.config import load_recipe
+from factory.engine.plan import StagePlan
+from factory.errors import ConfigError, UnreachableError
+from factory.run import main
+from tests.conftest import ROOT
+from tests.helpers import free_port
+
+AIRLINE = ROOT / "pipelines" / "airline.yaml"
+
+
+def _cfg(*overrides: str) -> Any:
+    return load_recipe(AIRLINE, list(overrides))
+
+
+def _stage(model: str, calls: int, cost: float | None) -> StagePlan:
+    return StagePlan("amplify", model, calls, 1000 * calls, 800 * calls, 100 * calls, cost, cost)
+
+
+@pytest.mark.parametrize(
+    ("cost", "threshold", "interactive", "yes", "paid", "asks"),
+    [
+        (954.0, 25.0, True, False, True, True),  # the shipped recipe at a terminal
+        (954.0, 25.0, False, False, True, False),  # ray job submit: no terminal, no question
+        (954.0, 25.0, True, True, True, False),  # --yes
+        (954.0, 25.0, True, False, False, False),  # the development server: nothing is paid
+        (954.0, None, True, False, True, False),  # confirm_above_usd: null
+        (2.0, 25.0, True, False, True, False),  # below the threshold
+        (25.0, 25.0, True, False, True, False),  # at it
+        (None, 25.0, True, False, True, False),  # unpriced: no estimate to confirm
+    ],
+)
+def test_the_decision_to_ask(cost, threshold, interactive, yes, paid, asks) -> None:
+    assert (
+        preflight.needs_confirmation(cost, threshold, interactive=interactive, yes=yes, paid=paid)
+        is asks
+    )
+
+
+def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
+    stages = [_stage("o4-mini", 41, 0.12), _stage("gpt-5", 100_000, 953.55)]
+    est = preflight.estimate(stages)
+    assert est.calls == 100_041 and est.cost_usd == pytest.approx(953.67)
+    batched = preflight.estimate(
+        [replace(s, batch_cost_usd=s.cost_usd / 2) for s in stages], batch=True
+    )
+    assert batched.cost_usd == pytest.approx(476.835)
+    assert "(Batch API prices" in preflight.plan_lines(batched, _cfg(), preflight.Prior())[1]
+    lines = preflight.plan_lines(est, _cfg(), preflight.Prior(cost_usd=5.0))
+    text = "\n".join(lines)
+    assert "plan: 100,041 LLM calls, 100.0 M prompt tokens (80.0 M of them cached)" in text
+    assert "estimated cost: 953.67 USD" in text
+    assert "already paid in this folder: 5.00 USD" in text and "948.67 USD left to pay" in text
+    assert "cap: amplify.max_cost_usd = 2,000.00 USD" in text
+    assert preflight.to_pay(est, preflight.Prior(cost_usd=1000.0)) == 0.0
+    bare = "\n".join(
+        preflight.plan_lines(est, _cfg("amplify.max_cost_usd=null"), preflight.Prior())
+    )
+    assert "cap: none (set amplify.max_cost_usd" in bare and "already paid" not in bare
+    unpriced = preflight.estimate([_stage("my-model", 10, None)])
+    assert unpriced.cost_usd is None and unpriced.unpriced == ("my-model",)
+    text = "\n".join(preflight.plan_lines(unpriced, _cfg(), preflight.Prior(), devserver=True))
+    assert "my-model has no price" in text and "development server: nothing is paid" in text
+
+
+def test_an_earlier_run_of_the_folder_is_read(tmp_path: Path) -> None:
+    cfg = _cfg("amplify.target=200")
+    state = {"status": "done", "recipe": {"amplify": {"target": 200}}}
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    (tmp_path / "manifest.json").write_text(json.dumps({"cost_usd": 4.5}))
+    kw = {"fresh": False, "drop_cache": False, "retry_failed": False}
+    assert preflight.prior_run(tmp_path, cfg, **kw) == preflight.Prior(4.5, finished=True)
+    extended = preflight.prior_run(tmp_path, _cfg("amplify.target=300"), **kw)
+    assert extended == preflight.Prior(4.5, finished=False)
+    assert preflight.prior_run(tmp_path, cfg, **{**kw, "drop_cache": True}).cost_usd == 0.0
+    assert preflight.prior_run(tmp_path / "new", cfg, **kw) == preflight.Prior()
+
+
+def test_a_missing_key_is_named_before_anything_starts(monkeypatch, capsys, tmp_path) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        preflight.check_keys(_cfg())
+    out = tmp_path / "o"
+    assert main([str(AIRLINE), "-o", str(out)]) == 2  # no Ray here: the guard would fail it
+    err = capsys.readouterr().err
+    assert "export OPENAI_API_KEY" in err and not out.exists()
+
+
+def test_endpoints_are_connected_to_before_ray(capsys, tmp_path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        alive = f"http://127.0.0.1:{live.getsockname()[1]}/v1"
+        endpoints = json.dumps([{"base_url": alive}, {"base_url": dead}])
+        warned = preflight.check_endpoints(_cfg(f"llm.endpoints={endpoints}"))
+    assert len(warned) == 1 and "llm.endpoints.1.base_url" in warned[0]
+    assert "connection refused" in warned[0]
+    with pytest.raises(UnreachableError, match=r"no LLM endpoint answers: llm.endpoints.0"):
+        preflight.check_endpoints(_cfg(f'llm.endpoints=[{{"base_url": "{dead}"}}]'))
+    assert preflight.host_port("https://api.openai.com/v1") == ("api.openai.com", 443)
+    assert preflight.check_endpoints(_cfg("llm.serve={}")) == []  # the run starts its own
+    out = tmp_path / "o"
+    args = [str(AIRLINE), "-o", str(out), "--set", f"llm.endpoints.0.base_url={dead}"]
+    assert main([*args, "--set", "llm.endpoints.0.api_key_env=null"]) == 8
+    err = capsys.readouterr().err
+    assert err.startswith("error: no LLM endpoint answers") and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.fixture()
+def local_endpoint(tmp_path: Path):
+    """Something listening on 127.0.0.1 for the connect check; the run itself is faked."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def _paid_run(out: Path, endpoint: str, *extra: str) -> list[str]:
+    return [str(AIRLINE), "-o", str(out), "--no-progress", "--set",
+            f"llm.endpoints.0.base_url={endpoint}", "--set", "llm.endpoints.0.api_key_env=null",
+            *extra]  # fmt: skip
+
+
+def test_a_terminal_is_asked_and_no_means_nothing_starts(
+    local_endpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    import factory.engine.runner
+
+    asked: list[str] = []
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    monkeypatch.setattr(factory.engine.runner, "run", lambda *a, **k: pytest.fail("started"))
+    out = tmp_path / "o"
+    assert main(_paid_run(out, local_endpoint)) == 5
+    printed = capsys.readouterr().out
+    assert asked == ["Start this run? It may cost about 953.67 USD. [y/N] "]
+    assert "estimated cost: 953.67 USD" in printed and "cap: amplify.max_cost_usd" in printed
+    assert "not started: nothing was called or written" in printed and not out.exists()
+    # --confirm-above raises the threshold: nothing to ask below it
+    asked.clear()
+    monkeypatch.setattr(factory.engine.runner, "run", _FakeRun())
+    assert main(_paid_run(out, local_endpoint, "--confirm-above", "1000")) == 0
+    assert asked == []
+
+
+class _FakeRun:
+    """Stands in for the engine behind the CLI: records that it was reached."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, cfg: Any, out_dir: Path, **kw: Any) -> Any:
+        from factory.engine.result import RunResult
+
+        self.calls += 1
+        return RunResult(out_dir, {"total": 0, "accepted": 0}, {})
+
+
+def test_without_a_terminal_the_plan_is_printed_and_the_run_starts(
+    local_endpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    import factory.engine.runner
+
+    fake = _FakeRun()
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("asked without a terminal"))
+    monkeypatch.setattr(factory.engine.runner, "run", fake)
+    assert main(_paid_run(tmp_path / "o", local_endpoint)) == 0
+    printed = capsys.readouterr().out
+    assert fake.calls == 1
+    assert printed.index("estimated cost: 953.67 USD") < printed.index("output:")
+    assert "no terminal to ask: starting" in printed and "caps above bound the spend" in printed
