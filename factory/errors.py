@@ -71,7 +71,8 @@ EXIT_BUDGET = 4
 EXIT_INCOMPLETE = 5  # stopped before the target for another reason (no progress, calls failing)
 EXIT_LOCKED = 6  # another run holds the output folder
 EXIT_WRITE = 7  # an output or cache write failed (disk full, read-only): the message names the path
-EXIT_UNREACHABLE = 8  # an LLM endpoint (before the run, or none answering for llm.stall_s) or the Hub
+# an LLM endpoint (none answering before the run, or for llm.stall_s), or the Hub (push)
+EXIT_UNREACHABLE = 8
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the folder is left resumable
 
 
