@@ -332,9 +332,8 @@ def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
 
     location = cfg.cache.path or str(out_dir / CACHE_DIR)
     old_path = str(before.get("path") or "")
-    if before.get("id") is None:  # the first run could not mark its cache: paths decide
-        if Path(location).resolve() == Path(old_path).resolve():
-            return
+    if before.get("id") is None:  # the first cache could not even be created: it holds nothing
+        return
     else:
         try:
             if Path(location).exists() and cache_identity(location) == before["id"]:

@@ -338,6 +338,9 @@ class EnvsimSink:
         self.keys: list[dict[str, Any]] = []  # payloads stay on disk
         self.counts: Counter[str] = Counter()
         self.fills = fills
+        # Step ids each side has counted: two episodes can make the same step (the id
+        # hashes the call and the state), and the selection takes each id once.
+        self.seen: dict[bool, set[str]] = {False: set(), True: set()}
         self.world_held = False  # the current world is the held-out one (split by env)
 
     @property
@@ -365,7 +368,8 @@ class EnvsimSink:
         )
         self.keys.append({"id": row["id"], "labels": labels, "heldout": side})
         fill = self.fills.get(side)
-        if fill is not None:
+        if fill is not None and row["id"] not in self.seen[side]:
+            self.seen[side].add(row["id"])
             fill.add(labels)
         return "accepted"
 
