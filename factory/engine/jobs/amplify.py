@@ -58,24 +58,33 @@ DEVSERVER_FINGERPRINT = "factory-devserver"
 MAX_AHEAD = 4096  # calls issued ahead of the oldest unfinished one (what waits in order)
 
 
-def calls_wanted(*, remaining: int, pending: int, released: int, accepted: int) -> int:
+PRIOR_CALLS = 20  # weight of the recipe's expected yield in the yield estimate
+
+
+def calls_wanted(
+    *, remaining: int, pending: int, released: int, accepted: int, expected: float = 0.9
+) -> int:
     """How many more calls to issue now (pure).
 
     Args:
         remaining: rows still missing to the target.
         pending: calls issued and not used yet.
         released: calls used so far; ``accepted``: the rows they gave.
+        expected: the recipe's ``amplify.expected_yield``, the prior of the estimate.
 
     Before any call came back, or while every call gave a row, one call per missing
-    row; after that, what is missing over the observed yield plus 5%, so the target
-    is usually met without another wave (the yield is floored at 5%).
+    row; after that, what is missing over the estimated yield plus 5%, so the target
+    is usually met without another wave. The estimate starts at ``expected`` and moves
+    to the observed yield as calls come back (weight ``PRIOR_CALLS``): one reject among
+    the first two calls must not read as a 50% yield and double what goes out (floored
+    at 5%).
     """
     if remaining <= 0:
         return 0
     if released == 0 or accepted >= released:
         return max(0, remaining - pending)
-    observed = max(accepted / released, 0.05)
-    return max(0, math.ceil(remaining / observed * 1.05) - pending)
+    estimate = (accepted + expected * PRIOR_CALLS) / (released + PRIOR_CALLS)
+    return max(0, math.ceil(remaining / max(estimate, 0.05) * 1.05) - pending)
 
 
 def no_progress_calls(target: int, concurrency: int) -> int:
@@ -196,8 +205,10 @@ class AmplifyPlanner:
         seeds: SeedSide,
         target: int,
         give_up: int,
+        expected_yield: float = 0.9,
     ) -> None:
         self._records = records
+        self.expected_yield = expected_yield
         self._judged = judged
         self._start_calls = start_calls
         self.collector = collector
@@ -320,6 +331,7 @@ class AmplifyPlanner:
             pending=pending,
             released=self.calls_used,
             accepted=self.collector.accepted,
+            expected=self.expected_yield,
         )
         n = min(n, want, MAX_AHEAD - pending)
         items = [
@@ -401,6 +413,7 @@ class AmplifyJob(Job):
             seeds=self.seed_side,
             target=target,
             give_up=no_progress_calls(target, cfg.llm.concurrency),
+            expected_yield=cfg.amplify.expected_yield,
         )
         self.amplify_planner = planner
         super().__init__(

@@ -368,7 +368,8 @@ class EnvsimSink:
         )
         self.keys.append({"id": row["id"], "labels": labels, "heldout": side})
         fill = self.fills.get(side)
-        if fill is not None and row["id"] not in self.seen[side]:
+        held_twice = side and row["id"] in self.seen[False]  # the selection drops it too
+        if fill is not None and row["id"] not in self.seen[side] and not held_twice:
             self.seen[side].add(row["id"])
             fill.add(labels)
         return "accepted"

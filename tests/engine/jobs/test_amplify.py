@@ -20,9 +20,14 @@ from factory.engine.work import ItemResult
         ({"remaining": 40, "pending": 0, "released": 60, "accepted": 60}, 40),  # no loss yet
         (
             {"remaining": 55, "pending": 10, "released": 50, "accepted": 45},
-            math.ceil(55 / 0.9 * 1.05) - 10,
+            math.ceil(55 / 0.9 * 1.05) - 10,  # observed 0.9 = the prior
         ),
-        ({"remaining": 10, "pending": 0, "released": 100, "accepted": 0}, 210),  # floor 5%
+        # one reject among the first two calls: the estimate stays near the prior
+        (
+            {"remaining": 19, "pending": 18, "released": 2, "accepted": 1},
+            math.ceil(19 / ((1 + 0.9 * 20) / 22) * 1.05) - 18,
+        ),
+        ({"remaining": 10, "pending": 0, "released": 2000, "accepted": 0}, 210),  # floor 5%
         ({"remaining": 0, "pending": 0, "released": 10, "accepted": 10}, 0),
         ({"remaining": 5, "pending": 50, "released": 10, "accepted": 5}, 0),  # enough out
     ],
@@ -79,7 +84,8 @@ def test_seeds_then_calls_in_order_until_the_target(tmp_path: Path) -> None:
     planner.observe(ItemResult("calls", 4, []))  # rejected: one more is needed
     assert not planner.finished
     more = planner.issue(room=64, llm_room=64)
-    assert [i.row["call_index"] for i in more] == [5, 6]  # 1 missing at 80% yield + 5%
+    # 1 missing at an estimated (4 + 0.9 x 20) / 25 = 88% yield + 5%: two calls
+    assert [i.row["call_index"] for i in more] == [5, 6]
     collector.accepted += 1
     planner.observe(ItemResult("calls", 5, []))
     assert planner.finished and planner.stopped_by is None
