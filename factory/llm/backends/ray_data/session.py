@@ -37,7 +37,7 @@ import aiohttp
 
 from factory.llm.retry import parse_retry_after
 
-__all__ = ["FILLER", "EnvelopeSession", "SessionFactory", "envelope"]
+__all__ = ["FILLER", "EnvelopeSession", "SessionFactory", "close_loop_session", "envelope"]
 
 #: The payload of a row that only pads a batch to the processor's batch size: answered
 #: here, never sent.
@@ -136,6 +136,14 @@ def _session() -> aiohttp.ClientSession:
         session = aiohttp.ClientSession(connector=connector)
         _SESSIONS[loop] = session
     return session
+
+
+async def close_loop_session() -> None:
+    """Close the running loop's shared session (an actor's ends with its process; a
+    caller that runs the stage on a loop of its own closes it with this)."""
+    session = _SESSIONS.pop(asyncio.get_running_loop(), None)
+    if session is not None:
+        await session.close()
 
 
 @dataclass(frozen=True)
