@@ -71,7 +71,6 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self.sent = 0  # rows handed to the processor, fillers included (stats)
 
     async def call(self, payload: str) -> str:
         """The envelope of one request (``session.envelope``'s format)."""
@@ -115,16 +114,11 @@ class Gateway:
                 rows.append({TOKEN: token, "payload": payload})
         if not rows:
             return []
-        rows = pad(rows, self._spec.batch_size, self._filler)
-        self.sent += len(rows)
-        return rows
+        return pad(rows, self._spec.batch_size, self._filler)
 
     def close(self) -> None:
         """Let the read task end (the execution drains and stops)."""
         self._closed = True
-
-    def stats(self) -> dict[str, int]:
-        return {"sent": self.sent, "waiting": len(self._waiting), "queued": len(self._queue)}
 
     # -- the execution ---------------------------------------------------------------------
     def _start(self) -> None:

@@ -32,9 +32,13 @@ from typing import Any, Literal
 from factory.llm.backends.ray_data.session import FILLER, SessionFactory, envelope
 
 __all__ = [
+    "TOKEN",
     "ProcessorSpec",
     "build_processor",
+    "concurrent_batches",
     "filler_payload",
+    "processor_row",
+    "read_output",
     "vllm_envelope",
     "vllm_payload",
     "vllm_sampling",
