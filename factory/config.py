@@ -258,7 +258,8 @@ class LLMConfig(_Strict):
     backend: str = Field(
         "aiohttp",
         description="How requests reach the model (factory.llm.backends): aiohttp (lean HTTP, "
-        "~3x less CPU per call), openai (the openai SDK), or a plug-in's name.",
+        "~3x less CPU per call), openai (the openai SDK), openai_batch (the Batch API), "
+        "ray_data (Ray Data LLM's HTTP or vLLM engine processor), or a plug-in's name.",
     )
     backend_options: dict[str, Any] = Field(
         default_factory=dict,

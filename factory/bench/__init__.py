@@ -229,6 +229,17 @@ def _server_stats(url: str) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
+def llm_phase_rate(request_log: Path) -> float:
+    """Answers with status 200 per second of the LLM phase, read from the devserver's
+    request log: first request received -> last answer sent."""
+    rows = [json.loads(line) for line in request_log.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("received") is not None]
+    if not rows:
+        return 0.0
+    span = max(r["time"] for r in rows) - min(r["received"] for r in rows)
+    return sum(1 for r in rows if r["status"] == 200) / span if span > 0 else 0.0
+
+
 def _latency_args(kind: str, p99_ratio: float) -> list[str]:
     """Devserver options of a latency distribution: ``fixed`` or ``lognormal`` (median =
     --latency-ms, p99 = ratio x median)."""
@@ -249,8 +260,13 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
     # (as one would run against a vLLM server).
     client = args.client_concurrency or math.ceil(1.25 * args.concurrency)
     seeds = make_seeds(args.seeds, work / "seeds.jsonl", recipe=args.recipe)
+    requests = work / "requests.jsonl"
     server, url = _start_server(
-        args.latency_ms, args.concurrency, *_latency_args(latency, args.latency_p99_ratio)
+        args.latency_ms,
+        args.concurrency,
+        *_latency_args(latency, args.latency_p99_ratio),
+        "--request-log",
+        str(requests),
     )
     stats_url = url.rsplit("/v1", 1)[0] + "/stats"
     sampler = Sampler(exclude={server.pid}, stats_url=stats_url)
@@ -306,10 +322,8 @@ def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str,
         "completions_per_s": round(calls / wall, 1),
         "limit_per_s": round(limit, 1),
         "ratio_to_limit": round(calls / wall / limit, 3),
-        # The amplification phase alone (Ray start-up and the seed phase excluded).
-        "amplify_ratio_to_limit": round(
-            manifest["calls"]["issued"] / max(amplify_seconds(manifest), 1e-9) / limit, 3
-        ),
+        # The LLM phase alone (Ray start-up, the seed phase and the tail excluded).
+        "amplify_ratio_to_limit": round(llm_phase_rate(requests) / limit, 3),
         "streaming_share": streaming_share(manifest),
         "cpu_s_per_1k": round(sampler.factory_cpu_s() / accepted * 1000, 2) if accepted else None,
         "peak_rss_driver_mb": round(sampler.peak_driver / 2**20),

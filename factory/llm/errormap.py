@@ -34,7 +34,13 @@ from factory.errors import (
 from factory.llm.retry import parse_retry_after
 from factory.secrets import redact
 
-__all__ = ["HTTPStatusFailure", "UnusableResponse", "status_error", "translate_error"]
+__all__ = [
+    "HTTPStatusFailure",
+    "InferenceFailure",
+    "UnusableResponse",
+    "status_error",
+    "translate_error",
+]
 
 
 class HTTPStatusFailure(Exception):
@@ -49,6 +55,34 @@ class HTTPStatusFailure(Exception):
 
 class UnusableResponse(Exception):
     """A 2xx answer whose body cannot be read (not JSON), not yet translated."""
+
+
+class InferenceFailure(Exception):
+    """An in-process engine failed a request (Ray Data LLM's ``__inference_error__``,
+    ``"Type: message"``), or its whole execution failed (``retryable``), not yet translated."""
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+# Exception types of a failed engine row that say the request itself is wrong (a prompt
+# longer than the model's context, bad sampling parameters): retrying cannot help.
+_REQUEST_FAULTS = ("ValueError", "TypeError", "KeyError", "ValidationError")
+
+
+def inference_error(endpoint: str, exc: InferenceFailure) -> LLMError:
+    """What an engine's failure means: a fault of the request (``ValueError: ...``) is a
+    bad request; anything else (the engine, the execution) a server error, retried."""
+    text = short(redact(str(exc)), 200)
+    kind = text.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+    if not exc.retryable and kind in _REQUEST_FAULTS:
+        return LLMBadRequest(
+            f"{endpoint}: the engine refused the request: {text}; retrying will not help, "
+            "check the prompt length against the model's context and the sampling options",
+            endpoint=endpoint,
+        )
+    return LLMServerError(f"{endpoint}: inference failed: {text}", endpoint=endpoint)
 
 
 def _body_detail(raw: bytes) -> str:
@@ -136,6 +170,8 @@ def translate_error(exc: BaseException, endpoint: str) -> LLMError | None:
         return LLMServerError(
             f"{endpoint}: unusable response (not JSON): {text}", endpoint=endpoint
         )
+    if isinstance(exc, InferenceFailure):
+        return inference_error(endpoint, exc)
     if isinstance(exc, openai.APIConnectionError):
         return _connection_failed(endpoint, exc)
     if isinstance(exc, openai.APIStatusError):

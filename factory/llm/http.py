@@ -28,17 +28,17 @@ import aiohttp
 from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
 from factory.llm.pool import Endpoint
 
-__all__ = ["HTTPChatClient", "aiohttp_client_factory"]
+__all__ = ["HTTPChatClient", "aiohttp_client_factory", "namespace"]
 
 
-def _namespace(value: Any) -> Any:
+def namespace(value: Any) -> Any:
     """JSON -> attribute access for objects (``usage`` stays a dict: the client reads it so)."""
     if isinstance(value, dict):
         return SimpleNamespace(
-            **{k: (v if k == "usage" else _namespace(v)) for k, v in value.items()}
+            **{k: (v if k == "usage" else namespace(v)) for k, v in value.items()}
         )
     if isinstance(value, list):
-        return [_namespace(v) for v in value]
+        return [namespace(v) for v in value]
     return value
 
 
@@ -78,7 +78,7 @@ class HTTPChatClient:
         if status >= 400:
             raise HTTPStatusFailure(status, raw, resp_headers)
         try:
-            return _namespace(json.loads(raw))
+            return namespace(json.loads(raw))
         except ValueError as exc:
             # a prefix only: the error map shows 120 characters of it, redacted
             raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc

@@ -65,6 +65,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "aiohttp": "factory.llm.backends.aiohttp:plugin",
     "openai": "factory.llm.backends.openai:plugin",
     "openai_batch": "factory.llm.backends.openai_batch:plugin",
+    "ray_data": "factory.llm.backends.ray_data:plugin",
 }
 
 _REGISTRY = PluginRegistry(
@@ -121,6 +122,7 @@ def build_backend(
     price: Price | None,
     sleep: Callable[[float], Awaitable[object]] | None = None,
     batch_journal: BatchJournal | None = None,
+    run_dir: str | None = None,
 ) -> Backend:
     """The backend ``llm.backend`` names, built for ``model`` (one per actor).
 
@@ -136,6 +138,7 @@ def build_backend(
         concurrency=concurrency,
         price=price,
         batch_journal=batch_journal,
+        run_dir=run_dir,
         **({"sleep": sleep} if sleep is not None else {}),
     )
     return plugin.build(setup)

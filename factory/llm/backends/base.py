@@ -117,6 +117,9 @@ class BackendSetup:
         sleep: what to await for backoff (stops retrying once the run's driver is gone).
         batch_journal: the run's record of submitted batches (batched backends), or
             None (nothing to resume: the backend keeps it in memory).
+        run_dir: the run's output folder, or None (no run: ``factory evaluate``, tests);
+            a backend whose actors share one thing (``ray_data``'s gateway) names it
+            after this.
     """
 
     llm: LLMConfig
@@ -126,6 +129,7 @@ class BackendSetup:
     price: Price | None
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
     batch_journal: BatchJournal | None = None
+    run_dir: str | None = None
 
 
 class Backend(ABC):

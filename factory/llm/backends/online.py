@@ -19,15 +19,21 @@ from factory.llm.retry import RetryPolicy
 __all__ = ["ClientBackend", "build_llm_client"]
 
 
-def build_llm_client(setup: BackendSetup, client_factory: ClientFactory) -> LLMClient:
-    """An ``LLMClient`` for ``setup.model`` over the recipe's endpoints (one per actor).
+def build_llm_client(
+    setup: BackendSetup,
+    client_factory: ClientFactory,
+    endpoints: list[Endpoint] | None = None,
+) -> LLMClient:
+    """An ``LLMClient`` for ``setup.model`` over the recipe's endpoints (one per actor), or
+    over ``endpoints`` (a backend whose requests reach no URL names its own).
 
     Raises:
         ConfigError: bad sampling options, a missing key (naming its variable) ...
     """
     llm = setup.llm
     pool = EndpointPool(
-        [
+        endpoints
+        or [
             Endpoint(base_url=e.base_url, api_key_env=e.api_key_env, weight=e.weight)
             for e in llm.endpoints
         ]
