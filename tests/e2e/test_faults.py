@@ -64,21 +64,12 @@ def test_stalls_and_a_heavy_tail_cost_a_bounded_multiple_of_a_clean_run(
     assert retries.get("llm_rate_limited", 0) > 0
 
 
-def test_an_endpoint_that_refuses_connections_is_named_then_the_run_stops_with_exit_8(
-    tmp_path,
-) -> None:
-    """Nothing listens at the endpoint: the console names it within 30 s of the start,
-    and once no call succeeded for ``llm.stall_s`` the run stops, resumable, exit 8."""
+def _cli_lines(args: list[str]) -> tuple[int, list[tuple[float, str]]]:
+    """Run the CLI, each stderr line with the time it came."""
     import os
     import subprocess
     import tempfile
 
-    from factory.errors import EXIT_UNREACHABLE
-    from tests.helpers import cli_args, free_port
-
-    dead = f"http://127.0.0.1:{free_port()}/v1"
-    out = tmp_path / "o"
-    args = cli_args(out, *dev_overrides(dead, target=5), "llm.stall_s=25")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")}
     env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ru", dir="/tmp")
     proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
@@ -87,16 +78,55 @@ def test_an_endpoint_that_refuses_connections_is_named_then_the_run_stops_with_e
     try:
         for line in proc.stderr:
             lines.append((time.monotonic(), line.rstrip()))
-        code = proc.wait(timeout=600)
+        return proc.wait(timeout=600), lines
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    started = next(t for t, line in lines if line.startswith("log (Ray's messages"))
-    named = [t for t, line in lines if line.startswith(f"warning: endpoint {dead}")]
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_refuses_connections_is_named_before_ray_starts(tmp_path) -> None:
+    from factory.errors import EXIT_UNREACHABLE
+    from tests.helpers import cli_args, free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    code, lines = _cli_lines(cli_args(tmp_path / "o", *dev_overrides(dead, target=5)))
     text = "\n".join(line for _, line in lines)
-    assert named and named[0] - started <= 30, text
-    assert "refuses or fails every request" in text and "connect" in text.lower()
+    assert code == EXIT_UNREACHABLE, text
+    assert dead in text and lines[-1][0] - started <= 30
+    assert "log (Ray's messages" not in text  # Ray never started
+
+
+def test_an_endpoint_that_dies_mid_run_is_named_then_the_run_stops_with_exit_8(
+    devserver, tmp_path
+) -> None:
+    """The endpoint answers the judge, then dies: every later attempt fails. The console
+    names it within 30 s of its death, and once no call succeeded for ``llm.stall_s`` the
+    run stops, resumable, exit 8 (it does not wait out the requests' deadlines)."""
+    import threading
+
+    from factory.errors import EXIT_UNREACHABLE
+    from tests.helpers import cli_args
+
+    server = devserver(seed=5, fail_after=50)  # the 41 judge calls, then 9 calls
+    died: list[float] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while server.stats().get("alive", True) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        died.append(time.monotonic())
+
+    threading.Thread(target=watch, daemon=True).start()
+    out = tmp_path / "o"
+    args = cli_args(out, *dev_overrides(server.url, target=200), "llm.stall_s=25")
+    code, lines = _cli_lines(args)
+    text = "\n".join(line for _, line in lines)
+    named = [t for t, line in lines if line.startswith(f"warning: endpoint {server.url}")]
+    assert died and named and 0 <= named[0] - died[0] <= 30, text
     assert code == EXIT_UNREACHABLE, text
     assert "no LLM call succeeded" in text and "llm.stall_s" in text
+    assert lines[-1][0] - died[0] <= 25 + 30  # stall_s after the death, not the deadlines
     assert json.loads((out / "run.json").read_text())["status"] == "stopped"
