@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from factory import packs
 from factory.errors import EXIT_INPUT, ConfigError, FactoryError
 
 __all__ = ["init_domain", "main"]
@@ -47,9 +48,8 @@ def init_domain(name: str, seeds: Path, root: Path, *, force: bool = False) -> A
         raise ConfigError(f"seed file {seeds} not found", key_path="--from-seeds")
     pipelines = (root / "pipelines").resolve()
     seeds_path = os.path.relpath(seeds.resolve(), pipelines)
-    # the factory's own templates (the project's prompts/ folder beside the package)
-    shipped = Path(__file__).resolve().parents[2] / "prompts"
-    templates = os.path.relpath(shipped, pipelines)
+    # the factory's own templates, wherever it is installed (factory.packs)
+    templates = f"{packs.SCHEME}prompts"
     try:
         result = scaffold(name, _records(seeds), seeds_path=seeds_path, templates=templates)
     except ConfigError as exc:

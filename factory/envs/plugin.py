@@ -39,8 +39,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from factory import packs
+from factory.errors import ConfigError
 
 if TYPE_CHECKING:
     from factory.core.trajectory import Trajectory
@@ -66,6 +70,40 @@ class DataPack:
     tools: Path
     policy: Path | None = None
     rules: Path | None = None
+
+    @classmethod
+    def shipped(cls, name: str) -> DataPack | None:
+        """The pack of domain ``name`` the factory ships (``factory.packs``):
+        ``prompts/NAME/tools.json``, ``prompts/NAME/policy.md`` and ``filters/NAME.yaml``,
+        each where present; None without a tools file."""
+        return cls._existing(
+            packs.shipped(f"prompts/{name}/tools.json"),
+            packs.shipped(f"prompts/{name}/policy.md"),
+            packs.shipped(f"filters/{name}.yaml"),
+        )
+
+    @classmethod
+    def of_package(
+        cls, package: str, *, tools: str, policy: str | None = None, rules: str | None = None
+    ) -> DataPack | None:
+        """A pack a domain's own package ships as package data (``importlib.resources``:
+        paths relative to ``package``); None without its tools file."""
+        root = resources.files(package)
+        if not isinstance(root, Path):
+            raise ConfigError(f"package {package} is not installed as files", key_path="domain")
+        return cls._existing(
+            root / tools, root / policy if policy else None, root / rules if rules else None
+        )
+
+    @classmethod
+    def _existing(cls, tools: Path, policy: Path | None, rules: Path | None) -> DataPack | None:
+        if not tools.is_file():
+            return None
+        return cls(
+            tools=tools,
+            policy=policy if policy is not None and policy.is_file() else None,
+            rules=rules if rules is not None and rules.is_file() else None,
+        )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection, Mapping
-from pathlib import Path
 from typing import Any
 
 from factory.envs.base import Environment
@@ -20,8 +19,6 @@ from factory.envs.plugin import DataPack, DevserverHooks, DomainPlugin, EpisodeS
 __all__ = ["NAME", "plugin"]
 
 NAME = "airline"
-#: The shipped pack: ``prompts/airline/`` and ``filters/airline.yaml`` beside the package.
-_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _environment(**kw: Any) -> Environment:
@@ -105,11 +102,7 @@ def plugin() -> DomainPlugin:
 
     return DomainPlugin(
         name=NAME,
-        pack=DataPack(
-            tools=_ROOT / "prompts" / NAME / "tools.json",
-            policy=_ROOT / "prompts" / NAME / "policy.md",
-            rules=_ROOT / "filters" / f"{NAME}.yaml",
-        ),
+        pack=DataPack.shipped(NAME),
         environment=_environment,
         world_sizes=frozenset(inspect.signature(generate_world).parameters) - {"seed"},
         slicing=_slicing(),

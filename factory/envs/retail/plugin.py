@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from factory.envs.base import Environment
@@ -23,8 +22,6 @@ from factory.envs.plugin import DataPack, DomainPlugin, EpisodeSampling, Slicing
 __all__ = ["NAME", "plugin"]
 
 NAME = "retail"
-#: The shipped pack: ``prompts/retail/`` and ``filters/retail.yaml`` beside the package.
-_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _environment(**kw: Any) -> Environment:
@@ -57,19 +54,6 @@ def _tool_functions() -> Mapping[str, Callable[..., Any]]:
     return TOOLS
 
 
-def _pack() -> DataPack | None:
-    tools = _ROOT / "prompts" / NAME / "tools.json"
-    if not tools.is_file():
-        return None
-    policy = _ROOT / "prompts" / NAME / "policy.md"
-    rules = _ROOT / "filters" / f"{NAME}.yaml"
-    return DataPack(
-        tools=tools,
-        policy=policy if policy.is_file() else None,
-        rules=rules if rules.is_file() else None,
-    )
-
-
 def plugin() -> DomainPlugin:
     """The retail plug-in (the entry point's target)."""
     from factory.envs.retail import devserver, sampler
@@ -77,7 +61,7 @@ def plugin() -> DomainPlugin:
 
     return DomainPlugin(
         name=NAME,
-        pack=_pack(),
+        pack=DataPack.shipped(NAME),
         environment=_environment,
         world_sizes=frozenset(inspect.signature(generate_world).parameters) - {"seed"},
         slicing=_slicing(),
