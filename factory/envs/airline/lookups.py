@@ -1,8 +1,8 @@
 """Reading an airline state the way the policy talks about it (shared by the airline modules).
 
-Why one module: the sampler, the devserver's grounded episodes and the
-grounding scenarios all ask "is this trip under way?", "which reservations
-are still active?", "how many bags fly free?"; one answer keeps them agreeing
+Why one module: the sampler and the grounding scenarios all ask "is this trip under
+way?", "which reservations are still active?", "how many bags fly free?"; one answer keeps
+them agreeing
 with each other and with the policy (``prompts/airline/policy.md``).
 Functions read, never write, and tolerate the malformed states a prompt may
 carry (missing keys read as absent).
@@ -15,11 +15,21 @@ from typing import Any
 
 from factory.envs.airline.tools import AIRPORTS, NOW
 
-__all__ = ["FREE_BAGS", "TODAY", "active_reservations", "city", "on_date", "started"]
+__all__ = ["FREE_BAGS", "PLACES", "TODAY", "active_reservations", "city", "on_date", "started"]
 
 State = dict[str, Any]
 
 TODAY = NOW[:10]
+#: Airport code -> city, the places a varied reference flies between (the plug-in's
+#: ``places``): one code per city so a city always renames with its code; LGA, a second
+#: New York airport, is renamed when a reference names it, never chosen.
+PLACES: dict[str, str] = {
+    "ATL": "Atlanta", "BOS": "Boston", "CLT": "Charlotte", "DEN": "Denver", "DFW": "Dallas",
+    "DTW": "Detroit", "EWR": "Newark", "IAH": "Houston", "JFK": "New York", "LAS": "Las Vegas",
+    "LAX": "Los Angeles", "MCO": "Orlando", "MIA": "Miami", "MSP": "Minneapolis",
+    "ORD": "Chicago", "PHL": "Philadelphia", "PHX": "Phoenix", "SEA": "Seattle",
+    "SFO": "San Francisco", "LGA": "New York",
+}  # fmt: skip
 #: Free checked bags per passenger by membership and cabin (the domain policy's table).
 FREE_BAGS = {
     "regular": {"basic_economy": 0, "economy": 1, "business": 2},

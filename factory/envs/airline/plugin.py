@@ -10,11 +10,11 @@ import lazily so loading the plug-in stays cheap.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from factory.envs.base import Environment
-from factory.envs.plugin import DataPack, DevserverHooks, DomainPlugin, EpisodeSampling, Slicing
+from factory.envs.plugin import DataPack, DomainPlugin, EpisodeSampling, Slicing
 
 __all__ = ["NAME", "plugin"]
 
@@ -49,12 +49,6 @@ def _grounding(env: Environment) -> Any:
     from factory.envs.airline.scenarios import AirlineScenarios
 
     return AirlineScenarios(env)
-
-
-def _play(state: dict[str, Any], rng: Any, reference_tools: Collection[str]) -> Any:
-    from factory.envs.airline.devserver import grounded_trajectory
-
-    return grounded_trajectory(state, rng, reference_tools=reference_tools)
 
 
 def simulator_facts(tool: str) -> str:
@@ -97,7 +91,8 @@ def simulator_facts(tool: str) -> str:
 
 def plugin() -> DomainPlugin:
     """The airline plug-in (the entry point's target)."""
-    from factory.envs.airline import devserver, sampler
+    from factory.envs.airline import sampler
+    from factory.envs.airline.lookups import PLACES
     from factory.envs.airline.world import generate_world
 
     return DomainPlugin(
@@ -116,13 +111,6 @@ def plugin() -> DomainPlugin:
         grounding=_grounding,
         # tau-bench's user addresses say "state" where its recorded trajectories say "province".
         fidelity_renames={"province": "state"},
-        devserver=DevserverHooks(
-            read_state=devserver.read_state,
-            play=_play,
-            observation_enums=devserver.OBSERVATION_ENUMS,
-            places=devserver.PLACES,
-            source_only_places=devserver.SOURCE_ONLY_PLACES,
-            id_keys=devserver.ID_KEYS,
-        ),
+        places=PLACES,
         simulator_facts=simulator_facts,
     )

@@ -5,9 +5,8 @@ Registered through the ``factory.domains`` entry point group in
 same hook the airline and any third-party domain use; importing this module
 registers nothing. Heavy parts import lazily so loading the plug-in stays cheap.
 
-The data pack (``prompts/retail/``, ``filters/retail.yaml``) is found in the tree
-when the package sits in a checkout; the development server's hooks are
-``factory.envs.retail.devserver``.
+The data pack (``prompts/retail/``, ``filters/retail.yaml``) ships with the factory
+(``factory.packs``).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ def _tool_functions() -> Mapping[str, Callable[..., Any]]:
 
 def plugin() -> DomainPlugin:
     """The retail plug-in (the entry point's target)."""
-    from factory.envs.retail import devserver, sampler
+    from factory.envs.retail import sampler
     from factory.envs.retail.world import generate_world
 
     return DomainPlugin(
@@ -73,12 +72,4 @@ def plugin() -> DomainPlugin:
             sample_episode=sampler.sample_episode,
         ),
         grounding=_grounding,
-        devserver=devserver.devserver_hooks(_world_over),
     )
-
-
-def _world_over(state: dict[str, Any]) -> Environment:
-    """The retail world over a state the development server read from a prompt."""
-    from factory.envs.retail import RetailEnv
-
-    return RetailEnv(state)
