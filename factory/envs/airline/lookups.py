@@ -10,12 +10,22 @@ carry (missing keys read as absent).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from factory.envs.airline.tools import AIRPORTS, NOW
+from factory.envs.airline.tools import AIRPORTS, NEW_CERTIFICATE_IDS, NEW_RESERVATION_IDS, NOW
 
-__all__ = ["FREE_BAGS", "PLACES", "TODAY", "active_reservations", "city", "on_date", "started"]
+__all__ = [
+    "FREE_BAGS",
+    "PLACES",
+    "TODAY",
+    "active_reservations",
+    "city",
+    "on_date",
+    "simulator_facts",
+    "started",
+]
 
 State = dict[str, Any]
 
@@ -71,3 +81,32 @@ def active_reservations(state: State, user_id: str) -> list[dict[str, Any]]:
 def city(code: Any) -> str:
     """``"Boston (BOS)"`` for an airport code (the code alone where it is unknown)."""
     return f"{AIRPORTS.get(code, code)} ({code})"
+
+
+def simulator_facts(tool: str) -> str:
+    """What no state slice shows about ``tool``: the airline's "now", new ids, the airports.
+
+    Why: a booking's ``created_at`` is the domain's fixed current time, its id the
+    first free one of a fixed list, and ``list_all_airports`` answers a table
+    that lives in the code; without these lines a simulator would have to
+    memorise them (issue 10: 1,958 of 6,230 rows were not derivable from their
+    prompt). The slice of a booking shows every existing reservation among
+    those ids, and the user's payment methods show the certificates, so the
+    rules below decide the new ids from the prompt alone.
+    """
+    first, second, last = NEW_RESERVATION_IDS
+    lines = [f"- The current time is {NOW} (EST)."]
+    if tool == "book_reservation":
+        lines += [
+            "- A new reservation's created_at is the current time.",
+            f"- A new reservation's id is {first}; if {first} is already a reservation, "
+            f"{second}; if both are, {last}.",
+        ]
+    elif tool == "send_certificate":
+        lines.append(
+            f"- A new certificate's id is the first of {', '.join(NEW_CERTIFICATE_IDS)} "
+            "that is not among the user's payment methods."
+        )
+    elif tool == "list_all_airports":
+        lines.append(f"- The airports (code: city), in this order: {json.dumps(AIRPORTS)}")
+    return "\n".join(lines)
