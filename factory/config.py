@@ -530,6 +530,12 @@ class RecipeConfig(_Strict):
 
     # Filled by load_recipe, not part of the schema.
     _base_dir: Path = Path(".")
+    _source: Path | None = None  # the recipe file
+
+    @property
+    def source(self) -> Path | None:
+        """The recipe file this was loaded from (None for a recipe built in code)."""
+        return self._source
 
     def resolve(self, path: str) -> Path:
         """A recipe path made absolute against the recipe's folder; ``factory:<folder>/...``
@@ -886,6 +892,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeC
         key = _input_path(raw, first["loc"], missing=first["type"] == "missing")
         raise ConfigError(first["msg"], key_path=key) from exc
     cfg._base_dir = path.resolve().parent
+    cfg._source = path.resolve()
     _semantic_checks(cfg)
     return cfg
 

@@ -20,6 +20,7 @@ from typing import Any
 from factory.config import load_recipe, resolve_recipe_path
 from factory.engine import interrupts
 from factory.engine.console import expected_error, process_start_time, setup_logging
+from factory.envs.pack import check_reviewed
 from factory.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ConfigError, FactoryError
 from factory.secrets import redact
 
@@ -68,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
         help="with --fresh: delete the folder's response cache too (its calls are paid again)",
     )
     p.add_argument(
+        "--allow-unreviewed",
+        action="store_true",
+        help="run although the pack still holds the x-review marks of `factory domain init` "
+        "(a run refuses them by default)",
+    )
+    p.add_argument(
         "--retry-failed",
         action="store_true",
         help="on a finished output folder: issue the calls that failed again",
@@ -90,8 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             # The dev model's price first, so a --set prices... of the user wins.
             overrides = [DEVSERVER_PRICE, *overrides, *devserver_overrides(server.url)]
         cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
+        if not args.dry_run and not args.allow_unreviewed:
+            check_reviewed(cfg)  # before a folder, Ray or a paid call
         if args.dry_run:
             from factory.engine.plan import make_plan
+            from factory.envs.pack import unreviewed
+
+            for file in unreviewed(cfg):
+                print(f"note: {file} still holds x-review marks: a run refuses it", file=sys.stderr)
 
             plan = make_plan(cfg, with_examples=not args.json)
             print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())

@@ -2,8 +2,10 @@
 
 The command reads the seed file (any format ``factory.io.readers`` knows), asks
 ``factory.envs.scaffold`` for the pack's files, writes them under ``--root``
-(default: the current folder) and prints what to review. It never overwrites a
-file unless ``--force`` is given.
+(default: the current folder) and prints what to review. Every guess and stub carries
+an ``x-review`` mark, and a run refuses the pack until a person has deleted them all
+(``--allow-unreviewed`` runs it as it is). It never overwrites a file unless ``--force``
+is given.
 
 Exit codes: 0 written, 2 a bad name or a file that exists, 3 no usable seed
 (no record with a tools column).
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in result.review:
         print(f"  - {line}")
     print(
-        "then try it offline: python -m factory.run "
-        f"{root / 'pipelines' / (args.name + '.yaml')} --devserver --set amplify.target=50"
+        "a run refuses the pack while a file holds an x-review mark; once reviewed, try it "
+        f"offline: python -m factory.run {root / 'pipelines' / (args.name + '.yaml')} "
+        "--devserver --set amplify.target=50"
     )
     return 0

@@ -324,7 +324,7 @@ def _call_dataset(
         plan,
         ray_cfg=cfg.ray,
         is_async=True,
-        then=[(build_postprocess, (cfg,))],
+        then=[(build_postprocess, (cfg, kept))],
         batch_size=LLM_ROWS_PER_BATCH,
         max_concurrent_batches=LLM_TASKS_PER_ACTOR,
         batches_per_task=llm_batches_per_task(cfg),
