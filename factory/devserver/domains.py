@@ -26,7 +26,6 @@ second for the shipped ones).
 from __future__ import annotations
 
 import functools
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from copy import deepcopy
@@ -46,9 +45,12 @@ from factory.errors import ConfigError
 __all__ = [
     "DomainFacts",
     "Vocabulary",
+    "derive_enums",
+    "derive_id_keys",
     "enums",
     "facts",
     "leaves",
+    "reset",
     "vocabulary",
     "world_over",
 ]
@@ -186,14 +188,23 @@ def facts(domain: str) -> DomainFacts:
     )
 
 
+def _loaded() -> Iterator[DomainFacts]:
+    """The facts of every registered domain whose plug-in loads, in name order (a broken
+    plug-in is reported when a recipe names it, and must not take the server down)."""
+    for domain in available_domains():
+        try:
+            yield facts(domain)
+        except ConfigError:
+            continue
+
+
 @functools.cache
 def vocabulary() -> Vocabulary:
     """Places and id keys of every registered domain, merged in name order."""
     places: dict[str, str] = {}
     every: dict[str, str] = {}
     id_keys: set[str] = {"id"}
-    for domain in available_domains():
-        known = facts(domain)
+    for known in _loaded():
         id_keys |= known.id_keys
         for code, name in known.places.items():
             every.setdefault(code, name)
@@ -206,8 +217,8 @@ def vocabulary() -> Vocabulary:
 def enums() -> dict[str, tuple[str, ...]]:
     """Enum values of every registered domain, merged per key in name order."""
     merged: dict[str, tuple[str, ...]] = {}
-    for domain in available_domains():
-        for key, values in facts(domain).enums.items():
+    for known in _loaded():
+        for key, values in known.enums.items():
             have = merged.get(key, ())
             merged[key] = (*have, *(v for v in values if v not in have))
     return merged
@@ -238,8 +249,3 @@ def world_over(state: State, tools: Iterable[str] = ()) -> tuple[str, Environmen
             return domain, env
         fallback = fallback or (domain, env)
     return fallback
-
-
-def canonical(value: Any) -> str:
-    """A JSON value's text with sorted keys (to compare observations)."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)

@@ -14,23 +14,34 @@ How a conversation is built (:func:`replay_on`):
 1. **Candidates** per argument key come from the state (:class:`Candidates`): every value
    found under that key, each table's keys under the table's id name (``reservations`` ->
    ``reservation_id``), the keys of nested mappings under their singular (``dates`` ->
-   ``date``); the scenario's subject (the first record of its first table) comes first.
+   ``date``), and those of related keys (``payment_id``, ``payment_methods``); the
+   scenario's subject (the first record of its first table) comes first.
 2. **The reference's calls, in order.** A call the reference saw refused (its observation
-   is ``Error: ...``) is left out. The others keep their arguments, with every entity (a
-   string under a key the state has candidates for) translated: through the mapping
-   learnt so far, else to the first candidate not yet used. The call runs on a fork of the
-   world; one the world refuses, or answers with nothing (``[]``, ``{}``), is tried again
-   with other candidates one argument at a time (numbers: those this conversation's
-   observations showed), else it is dropped.
+   is ``Error: ...``) is left out, and so is a read without arguments (a "list all": an
+   answer about the whole world, which a slice is not). The others keep their arguments,
+   completed from the tool's schema where the reference left a required one out, with every
+   entity (a string under a key the state has candidates for) translated: through the
+   mapping learnt so far, else to what the conversation last showed under that key, else to
+   the first candidate not yet used. The call runs on a fork of the world. One the world
+   refuses, or answers with nothing (``[]``, ``{}``), is tried again with other values one
+   argument at a time, the arguments the refusal names first; a change that gets the call
+   past the check that refused it (a refusal not seen before, not about the value just
+   tried) is kept, amounts come from what the refusal states and the conversation showed.
+   A call no variant gets accepted is dropped.
 3. **Alignment.** An accepted observation is walked beside the reference's observation of
    that call (same key, same position), which extends the mapping: the profile's
    reservation ids, a search's flight numbers and prices, an id a lookup returned. Later
    calls then name what earlier ones returned.
 4. **Texts.** User and agent messages and reasoning are the reference's with every mapped
-   entity replaced; a write (``x-kind: write``) always follows the user's yes.
+   entity replaced; a write (``x-kind: write``) always follows the user's yes. When no call
+   of the reference runs on the state, the answer looks the subject up instead
+   (:func:`_lookup`).
 
 Every observation is therefore the world's own, and with the scenario a slice that answers
 its calls as the full world does, the answer replays faithfully (``factory.envsim.grounding``).
+Measured on the domains' own sampled episodes as references (``tests/devserver/test_oracle.py``):
+every answer replays with fidelity 1.0 and validates; the reference's write is played where
+the state allows it (44 of 50 airline, 38 of 54 retail references).
 """
 
 from __future__ import annotations

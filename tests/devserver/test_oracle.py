@@ -13,6 +13,7 @@ import copy
 import json
 import random
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +25,17 @@ from factory.devserver import domains, simulate
 from factory.devserver.grounded import grounded_trajectory, read_scenario
 from factory.devserver.oracle import Candidates, subject_of
 from factory.envs.pack import Domain, domain_from_pack
-from factory.envs.registry import available_domains, get_environment, get_plugin
+from factory.envs.registry import (
+    ENTRY_POINT_GROUP,
+    available_domains,
+    get_environment,
+    get_plugin,
+    reset_registry,
+)
 from factory.envsim.grounding import ENV_STATE_MARKER, GroundingWorld, render_scenario, replay
 from factory.envsim.sampler import EpisodeSampler
+from tests.conftest import install_distribution, site_on_path
+from tests.helpers import make_reference
 
 DOMAINS = [
     d
@@ -157,3 +166,23 @@ def test_ids_and_enums_are_read_off_a_world() -> None:
     assert domains.derive_id_keys(state) == frozenset({"orders"})
     tools = [{"parameters": {"properties": {"reason": {"enum": ["a", "b"]}}}}]
     assert domains.derive_enums(state, tools) == {"tier": ("gold", "silver"), "reason": ("a", "b")}
+
+
+def test_a_plugin_that_does_not_load_does_not_take_the_server_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed entry point whose module is gone is reported when a recipe names its
+    domain; the server answers every other domain's prompts meanwhile."""
+    site = site_on_path(tmp_path / "site", monkeypatch)
+    install_distribution(site, "gone_dist", ENTRY_POINT_GROUP, {"gone": "no_such_module:plugin"})
+    reset_registry()
+    domains.reset()
+    try:
+        assert "gone" in available_domains()
+        assert {"reservations", "flight_number"} <= domains.vocabulary().id_keys
+        assert "cabin" in domains.enums()
+        reference = simulate.compile_reference(make_reference())
+        assert simulate.amplify(reference, random.Random(0))["messages"]
+    finally:
+        reset_registry()
+        domains.reset()

@@ -59,12 +59,15 @@ def test_the_wheel_runs_the_shipped_recipes_from_an_empty_folder(tmp_path: Path)
     python = _fresh_venv(tmp_path)
     work = tmp_path / "empty"
     work.mkdir()
-    env = {
-        **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_TMPDIR": tempfile.mkdtemp(prefix="fi", dir="/tmp"),
-        "PYTHONPATH": "",
-    }
+    # A Ray of its own: not the test session's (RAY_ADDRESS would join it, with the
+    # workers of this venv), and no pytest marker (it re-raises instead of exiting).
+    gone = ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env.update(
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_TMPDIR=tempfile.mkdtemp(prefix="fi", dir="/tmp"),
+        PYTHONPATH="",
+    )
     where = _run([str(python), "-c", "import factory; print(factory.__file__)"], work, env)
     installed = Path(where.strip()).resolve()
     assert tmp_path / "venv" in installed.parents and ROOT not in installed.parents
