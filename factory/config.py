@@ -30,6 +30,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
+from factory import packs
 from factory.core.trajectory import canonical_json
 from factory.core.yamlfile import parse_yaml
 from factory.errors import ConfigError, short
@@ -355,7 +356,11 @@ class AmplifyConfig(_Strict):
 
 
 class OutputConfig(_Strict):
-    dir: str = Field("out", description="Output folder (overridden by --output).")
+    dir: str = Field(
+        "out",
+        description="Output folder, relative to the working directory the run starts in "
+        "(not to the recipe); overridden by --output.",
+    )
     dataset_name: str = Field(description="Key of the dataset_info.json entry.")
     shard_rows: int = Field(5000, ge=1, description="Rows per Parquet shard at most.")
     reasoning: Literal["keep", "strip"] = Field(
@@ -526,8 +531,8 @@ class CacheConfig(_Strict):
     enabled: bool = Field(True, description="Reuse completed LLM responses (never pay twice).")
     path: str | None = Field(
         None,
-        description="Cache location: a folder or a pyarrow filesystem URI (s3://...) shared by "
-        "all nodes; default OUTPUT/cache.",
+        description="Cache location: a folder (relative to the working directory) or a pyarrow "
+        "filesystem URI (s3://...) shared by all nodes; default OUTPUT/cache.",
     )
 
 
@@ -563,9 +568,18 @@ class RecipeConfig(_Strict):
 
     # Filled by load_recipe, not part of the schema.
     _base_dir: Path = Path(".")
+    _source: Path | None = None  # the recipe file
+
+    @property
+    def source(self) -> Path | None:
+        """The recipe file this was loaded from (None for a recipe built in code)."""
+        return self._source
 
     def resolve(self, path: str) -> Path:
-        """A recipe path made absolute against the recipe's folder."""
+        """A recipe path made absolute against the recipe's folder; ``factory:<folder>/...``
+        names a file the factory ships (``factory:prompts/amplify.j2``, see ``factory.packs``)."""
+        if packs.is_shipped(path):
+            return packs.resolve(path)
         p = Path(path).expanduser()
         return p if p.is_absolute() else (self._base_dir / p).resolve()
 
@@ -586,17 +600,24 @@ def _shipped_schema() -> dict[str, Any]:
 
 
 def resolve_recipe_path(name: str | Path, cwd: Path | None = None) -> Path:
-    """Find a recipe: the path as given, else ``pipelines/NAME`` (with or without .yaml).
+    """Find a recipe: the path as given, else ``pipelines/NAME`` (with or without .yaml)
+    in the working directory, else the recipe of that name the factory ships.
 
     Why: ``ray job submit -- python -m factory.run airline.yaml`` is run from the
-    repository root, where the file lives under ``pipelines/``.
+    repository root, where the file lives under ``pipelines/``; with the package
+    installed (a cluster image, no ``--working-dir``) it runs from any folder.
+    ``factory:pipelines/NAME.yaml`` names a shipped recipe explicitly.
     """
     cwd = cwd or Path.cwd()
-    given = Path(name)
-    candidates = [given if given.is_absolute() else cwd / given]
-    if not given.is_absolute() and len(given.parts) == 1:
-        for stem in (given.name, f"{given.name}.yaml"):
-            candidates.append(cwd / "pipelines" / stem)
+    if packs.is_shipped(str(name)):
+        candidates = [packs.resolve(str(name))]
+    else:
+        given = Path(name)
+        candidates = [given if given.is_absolute() else cwd / given]
+        if not given.is_absolute() and len(given.parts) == 1:
+            stems = (given.name, f"{given.name}.yaml")
+            candidates += [cwd / "pipelines" / stem for stem in stems]
+            candidates += [packs.folder("pipelines") / stem for stem in stems]
     for cand in candidates:
         if cand.is_file():
             return cand.resolve()
@@ -943,6 +964,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeC
         key = _input_path(raw, first["loc"], missing=first["type"] == "missing")
         raise ConfigError(first["msg"], key_path=key) from exc
     cfg._base_dir = path.resolve().parent
+    cfg._source = path.resolve()
     _semantic_checks(cfg)
     return cfg
 

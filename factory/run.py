@@ -21,6 +21,7 @@ from typing import Any
 from factory.config import load_recipe, resolve_recipe_path
 from factory.engine import interrupts
 from factory.engine.console import expected_error, process_start_time, setup_logging
+from factory.envs.pack import check_reviewed
 from factory.errors import (
     EXIT_INCOMPLETE,
     EXIT_INTERNAL,
@@ -100,6 +101,12 @@ def _parser(prog: str = "python -m factory.run") -> argparse.ArgumentParser:
         "(its answers are not reused: calls already paid for are paid again)",
     )
     p.add_argument(
+        "--allow-unreviewed",
+        action="store_true",
+        help="run although the pack still holds the x-review marks of `factory domain init` "
+        "(a run refuses them by default)",
+    )
+    p.add_argument(
         "--retry-failed",
         action="store_true",
         help="on a finished output folder: issue the calls that failed again",
@@ -122,8 +129,14 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
             # The dev model's price first, so a --set prices... of the user wins.
             overrides = [DEVSERVER_PRICE, *overrides, *devserver_overrides(server.url)]
         cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
+        if not args.dry_run and not args.allow_unreviewed:
+            check_reviewed(cfg)  # before a folder, Ray or a paid call
         if args.dry_run:
             from factory.engine.plan import make_plan
+            from factory.envs.pack import unreviewed
+
+            for file in unreviewed(cfg):
+                print(f"note: {file} still holds x-review marks: a run refuses it", file=sys.stderr)
 
             plan = make_plan(cfg, with_examples=args.show_prompts and not args.json)
             text = plan.render(show_prompts=args.show_prompts)

@@ -133,3 +133,32 @@ def test_bare_recipe_name_resolves_to_pipelines(tmp_path: Path) -> None:
     assert resolve_recipe_path("airline", tmp_path) == tmp_path / "pipelines" / "airline.yaml"
     with pytest.raises(ConfigError):
         resolve_recipe_path("nope.yaml", tmp_path)
+
+
+def test_a_shipped_recipe_is_found_from_any_folder(tmp_path: Path) -> None:
+    from factory import packs
+
+    shipped = packs.folder("pipelines") / "airline-envsim.yaml"
+    assert resolve_recipe_path("airline-envsim.yaml", tmp_path) == shipped.resolve()
+    assert resolve_recipe_path("airline-envsim", tmp_path) == shipped.resolve()
+    assert resolve_recipe_path("factory:pipelines/airline-envsim.yaml", tmp_path) == shipped
+    # A recipe of the same name in the working folder's pipelines/ wins.
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "airline-envsim.yaml").write_text("x: 1")
+    mine = tmp_path / "pipelines" / "airline-envsim.yaml"
+    assert resolve_recipe_path("airline-envsim.yaml", tmp_path) == mine
+    with pytest.raises(ConfigError, match="recipe not found"):
+        resolve_recipe_path("factory:pipelines/nope.yaml", tmp_path)
+
+
+def test_recipe_paths_resolve_against_the_recipe_or_the_shipped_files(tmp_path: Path) -> None:
+    from factory import packs
+
+    cfg = load_recipe(write(tmp_path, BASE))
+    assert cfg.resolve("tools.json") == tmp_path / "tools.json"
+    assert cfg.resolve("factory:prompts/amplify.j2") == packs.folder("prompts") / "amplify.j2"
+    assert cfg.resolve("factory:prompts/amplify.j2").is_file()
+    with pytest.raises(ConfigError, match="leaves the shipped prompts/ folder"):
+        cfg.resolve("factory:prompts/../setup.py")
+    with pytest.raises(ConfigError, match="shipped folders: pipelines, prompts, filters, seeds"):
+        cfg.resolve("factory:docs/x.md")

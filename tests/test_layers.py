@@ -1,18 +1,29 @@
-"""Layers you can see (issue 9): engine code names no domain.
+"""Layers you can see (issues 9 and 23): engine code names no domain and imports none.
 
-Outside a domain's own subpackage (``factory/envs/<domain>/``) a domain's name may
-appear only in prose: docstrings, comments and help or description texts (the
-JSON Schema's descriptions come from ``Field(description=...)``). The import
-contracts themselves are checked by ``lint-imports`` in ``tests/test_lint.py``.
+Both checks follow the domain registry, so a new domain adds cases instead of breaking
+them. Outside a domain's own subpackage (``factory/envs/<domain>/``) the name of a domain
+the factory ships may appear only in prose: docstrings, comments and help or description
+texts (the JSON Schema's descriptions come from ``Field(description=...)``), matched as a
+word. The import graph (grimp, what ``lint-imports`` reads) is checked for every registered
+domain, a third-party one included: no module of ``factory`` outside a domain's package
+imports it, and no two domain packages import each other. The other import contracts
+(layers, no cycles) are ``lint-imports``' in ``tests/test_lint.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 from collections.abc import Iterator
+from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
 
-from factory.envs.registry import available_domains
+import grimp
+import pytest
+
+from factory.envs.registry import ENTRY_POINT_GROUP, available_domains
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "factory"
@@ -54,16 +65,78 @@ def _engine_modules() -> list[Path]:
     return [p for p in sorted(PACKAGE.rglob("*.py")) if not domains & set(p.parents)]
 
 
-def test_engine_code_names_no_domain() -> None:
-    names = available_domains()
-    assert "airline" in names  # the built-in domain is registered, so the check is not vacuous
+def _packages() -> dict[str, str]:
+    """Registered domain -> the package its plug-in lives in (``factory.envs.airline``,
+    ``factory_library`` for one installed from another distribution)."""
+    out = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        module = point.value.partition(":")[0]
+        depth = 3 if module.startswith("factory.envs.") else 1
+        out[point.name] = ".".join(module.split(".")[:depth])
+    return out
+
+
+def _shipped() -> list[str]:
+    """The domains the factory's own distribution registers."""
+    return sorted(
+        p.name
+        for p in entry_points(group=ENTRY_POINT_GROUP)
+        if p.dist is not None and p.dist.name == "factory"
+    )
+
+
+def test_the_registry_is_not_empty() -> None:
+    assert _shipped() and set(_shipped()) <= set(available_domains())  # not a vacuous check
+
+
+@pytest.mark.parametrize("domain", _shipped())
+def test_engine_code_names_no_domain(domain: str) -> None:
+    word = re.compile(rf"(?<![a-z0-9]){re.escape(domain)}(?![a-z0-9])")
     found = [
         f"{path.relative_to(ROOT)}:{line}: {text!r}"
         for path in _engine_modules()
         for line, text in _code_words(path)
-        if any(name in text.lower() for name in names)
+        if word.search(text.lower())
     ]
     assert not found, "\n".join(found)
+
+
+@cache
+def _graph() -> grimp.ImportGraph:
+    return grimp.build_graph("factory", include_external_packages=True, cache_dir=None)
+
+
+@pytest.mark.parametrize("domain", sorted(_packages()))
+def test_no_factory_module_outside_a_domain_imports_it(domain: str) -> None:
+    package = _packages()[domain]
+    graph = _graph()
+    if package not in graph.modules:
+        return  # nothing in factory imports it at all (a third-party domain)
+    for module in sorted(graph.modules):
+        inside = module == package or module.startswith(package + ".")
+        if inside or package.startswith(module + "."):  # the domain, or a package holding it
+            continue
+        if module.startswith("factory."):
+            chain = graph.find_shortest_chain(importer=module, imported=package, as_packages=True)
+            assert chain is None, f"{' -> '.join(chain)} (a domain is found by the registry)"
+
+
+def test_the_import_checks_see_an_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = grimp.build_graph("factory", include_external_packages=True, cache_dir=None)
+    graph.add_import(importer="factory.engine.plan", imported="factory.envs.airline.tools")
+    monkeypatch.setitem(globals(), "_graph", lambda: graph)
+    with pytest.raises(AssertionError, match=r"factory\.engine\.plan -> factory\.envs\.airline"):
+        test_no_factory_module_outside_a_domain_imports_it("airline")
+
+
+@pytest.mark.parametrize(
+    ("one", "other"), list(itertools.permutations(sorted(set(_packages().values())), 2))
+)
+def test_domains_are_independent_plugins(one: str, other: str) -> None:
+    """What two domains share lives in ``factory.envs``, not in one of them."""
+    graph = _graph()
+    if one in graph.modules and other in graph.modules:
+        assert not graph.chain_exists(importer=one, imported=other, as_packages=True)
 
 
 def test_the_check_sees_code_strings(tmp_path: Path) -> None:

@@ -65,10 +65,8 @@ __all__ = [
     "recipe_seed_files",
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
+def default_recipe(pipelines: Path | None = None) -> Path:
     """The ``amplify`` recipe the benchmarks time unless ``--recipe`` names one: the
     first, by file name, of those in ``pipelines/`` that call endpoints online for one
     domain. Not a batch API's (answers take hours), not one that starts its own servers
@@ -78,8 +76,11 @@ def default_recipe(pipelines: Path = ROOT / "pipelines") -> Path:
     Raises:
         ConfigError: none is shipped (pass ``--recipe``).
     """
+    from factory import packs
     from factory.config import load_recipe
     from factory.llm.backends import get_backend
+
+    pipelines = pipelines or packs.folder("pipelines")
 
     def timed(path: Path) -> bool:
         cfg = load_recipe(path)

@@ -86,7 +86,9 @@ def normalize_tool_spec(spec: Any) -> dict[str, Any]:
     """Return the bare function spec ``{name, description, parameters}``.
 
     Accepts both the bare form and OpenAI's ``{"type": "function", "function": {...}}``.
-    Extra keys of the bare spec (such as the factory's ``x-kind``) are kept.
+    Extra keys of the bare spec (such as the factory's ``x-kind``) are kept, and so are
+    ``x-`` keys written beside ``function`` in the OpenAI form (a pack written that way
+    keeps its kinds).
 
     Raises:
         ValueError: ``spec`` is not a function spec with a string name.
@@ -96,7 +98,8 @@ def normalize_tool_spec(spec: Any) -> dict[str, Any]:
         and spec.get("type") == "function"
         and isinstance(spec.get("function"), dict)
     ):
-        spec = spec["function"]
+        beside = {k: v for k, v in spec.items() if isinstance(k, str) and k.startswith("x-")}
+        spec = {**beside, **spec["function"]}
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
         raise ValueError("a tool spec needs a non-empty string 'name'")
     params = spec.get("parameters", {"type": "object", "properties": {}})

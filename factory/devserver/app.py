@@ -480,8 +480,8 @@ def _amplification(
     trajectory = None
     scenario = grounded.read_scenario(text)
     if scenario is not None:
-        tools = [c["name"] for m in ref.messages for c in m.get("tool_calls", ())]
-        trajectory = grounded.grounded_trajectory(scenario, crng, reference_tools=tools)
+        reference = simulate.reference_messages(ref)
+        trajectory = grounded.grounded_trajectory(scenario, reference, crng)
         if trajectory is not None:
             events.append("grounded_answers")
     if trajectory is None:

@@ -4,9 +4,11 @@ Why not rename the reference as ``simulate.amplify`` does: a grounded prompt
 (``prompts/amplify_grounded.j2``) lists real entities, and the factory replays
 every call of the answer on the full world (``factory.envsim.grounding``). Renamed
 ids would exist nowhere, so every observation would contradict the executor.
-The devserver therefore asks the domain whose state the prompt shows (its
-plug-in's ``devserver`` part) to play a short episode whose every call is
-*executed* on a copy of that state: the observations are the real ones.
+The devserver therefore replays the reference's plot on a copy of the state in the
+world of the domain the state belongs to (``factory.devserver.oracle``): every call is
+*executed*, so the observations are the real ones. Nothing here is per domain: the
+domain, its tool kinds and its enum values come from its plug-in's data
+(``factory.devserver.domains``).
 
 ``corrupt_observation`` is the devserver's ``wrong_observation`` defect: one
 observation changed the way a drifting simulator changes it (a count off by
@@ -16,15 +18,14 @@ repair it.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
-from collections.abc import Collection
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from factory.devserver import domains
+from factory.devserver.oracle import replay_on, subject_of
 from factory.devserver.simulate import extract_block
-from factory.envs.plugin import DevserverHooks
-from factory.envs.registry import available_domains, get_plugin
 from factory.envsim.grounding import ENV_STATE_MARKER
 
 __all__ = [
@@ -37,31 +38,9 @@ __all__ = [
 State = dict[str, Any]
 
 
-@functools.cache
-def _hooks() -> tuple[DevserverHooks, ...]:
-    """The devserver parts of every registered domain, in name order."""
-    found = []
-    for name in available_domains("devserver"):
-        hooks = get_plugin(name).devserver
-        assert hooks is not None
-        found.append(hooks)
-    return tuple(found)
-
-
-@functools.cache
-def _enums() -> dict[str, tuple[str, ...]]:
-    merged: dict[str, tuple[str, ...]] = {}
-    for hooks in _hooks():
-        for key, values in hooks.observation_enums.items():
-            merged[key] = (
-                *merged.get(key, ()),
-                *(v for v in values if v not in merged.get(key, ())),
-            )
-    return merged
-
-
 def read_scenario(text: str) -> State | None:
-    """The state of a prompt's ``### Environment state`` block if a domain knows it, or None."""
+    """The state of a prompt's ``### Environment state`` block when a registered domain
+    builds a world over it and it has a subject (a first record to talk about), else None."""
     block = extract_block(text, ENV_STATE_MARKER)
     if block is None:
         return None
@@ -69,31 +48,43 @@ def read_scenario(text: str) -> State | None:
         value = json.loads(block)
     except (ValueError, RecursionError):
         return None
-    for hooks in _hooks():
-        state = hooks.read_state(value)
-        if state is not None:
-            return state
-    return None
+    if not isinstance(value, dict) or subject_of(value) is None:
+        return None
+    return value if domains.world_over(value) is not None else None
+
+
+def _calls(reference: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [
+        str(c.get("name"))
+        for m in reference
+        for c in m.get("tool_calls") or ()
+        if isinstance(c, Mapping)
+    ]
 
 
 def grounded_trajectory(
-    scenario: State, rng: random.Random, *, reference_tools: Collection[str] = ()
+    scenario: State, reference: Sequence[Mapping[str, Any]], rng: random.Random
 ) -> dict[str, Any] | None:
-    """A conversation whose every call was executed on ``scenario``, played by its domain.
+    """The reference's plot replayed on ``scenario``, every call executed there.
 
     Args:
         scenario: a state :func:`read_scenario` returned; not modified.
+        reference: the reference's messages in the amplification output format.
         rng: the request's content random source.
-        reference_tools: tools the reference calls (they steer the plot).
 
     Returns:
-        ``{"messages": [...]}`` in the amplification output format, or None when
-        no domain can play the state.
+        ``{"messages": [...]}`` in the amplification output format, or None when no
+        domain builds a world over the state or no call of the reference runs on it.
     """
-    for hooks in _hooks():
-        if hooks.read_state(scenario) is not None:
-            return hooks.play(scenario, rng, reference_tools)
-    return None
+    if subject_of(scenario) is None:
+        return None
+    found = domains.world_over(scenario, _calls(reference))
+    if found is None:
+        return None
+    domain, env = found
+    known = domains.facts(domain)
+    messages = replay_on(env, reference, rng, tools=known.tools, enums=known.enums)
+    return {"messages": messages} if messages else None
 
 
 # --------------------------------------------------------------------------------------
@@ -102,12 +93,13 @@ def grounded_trajectory(
 def _leaves(value: Any, out: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """(container, key) of every value a drifting simulator gets wrong: numbers, enum strings."""
     items = value.items() if isinstance(value, dict) else enumerate(value)
+    enums = domains.enums()
     for key, item in items:
         if isinstance(item, (dict, list)):
             _leaves(item, out)
             continue
         number = isinstance(item, (int, float)) and not isinstance(item, bool)
-        if number or (isinstance(key, str) and item in _enums().get(key, ())):
+        if number or (isinstance(key, str) and item in enums.get(key, ()) and len(enums[key]) > 1):
             out.append((value, key))
     return out
 
@@ -144,7 +136,7 @@ def corrupt_observation(trajectory: dict[str, Any], rng: random.Random) -> bool:
     container, key = rng.choice(leaves)
     old = container[key]
     if isinstance(old, str):
-        container[key] = rng.choice([v for v in _enums()[key] if v != old])
+        container[key] = rng.choice([v for v in domains.enums()[key] if v != old])
     else:
         container[key] = old + rng.choice((1, 2, 5, 10, 50))
     message["content"] = json.dumps(value)

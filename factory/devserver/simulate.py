@@ -39,16 +39,14 @@ import json
 import random
 import re
 from collections.abc import Callable
-from copy import deepcopy
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from factory.core.delta import diff
-from factory.envs.registry import available_domains, get_environment, get_plugin
+from factory.devserver import domains
 from factory.envsim.envsimbench import CODE_MARKER, diff_dicts, read_sft_prompt
 from factory.envsim.simulator import SIM_MARKER, STATE_MARKER, SampleError
-from factory.errors import ConfigError
 
 __all__ = [
     "AMPLIFY_MARKER",
@@ -68,6 +66,7 @@ __all__ = [
     "prompt_kind",
     "read_simulation",
     "reference_from_block",
+    "reference_messages",
     "render_json",
     "simulate_call",
     "simulate_envsimbench",
@@ -125,7 +124,8 @@ _TAIL = r"|(?P<uid>\b[a-z]+(?:_[a-z]+)*_\d{3,}\b)|(?P<up>\b[A-Z0-9]{6,8}\b)"
 
 @dataclass(frozen=True)
 class _Vocabulary:
-    """The places and id keys of every registered domain (their devserver parts)."""
+    """The places and id keys of every registered domain (``factory.devserver.domains``:
+    derived from the domains' worlds, places from their plug-ins' ``places``)."""
 
     places: dict[str, str]  # code -> name: renaming targets
     every_place: dict[str, str]  # with the source-only ones
@@ -136,22 +136,15 @@ class _Vocabulary:
 
 @lru_cache(maxsize=1)
 def _vocabulary() -> _Vocabulary:
-    places: dict[str, str] = {}
-    source_only: dict[str, str] = {}
-    id_keys = {"id"}
-    for domain in available_domains("devserver"):
-        hooks = get_plugin(domain).devserver
-        assert hooks is not None
-        places.update(hooks.places)
-        source_only.update(hooks.source_only_places)
-        id_keys |= hooks.id_keys
+    known = domains.vocabulary()
+    places = known.places
     code_of = {name: code for code, name in places.items()}
     tail = _TAIL
     if places:  # an empty alternation would match at every word boundary
-        codes = "|".join([*places, *source_only])
+        codes = "|".join([*places, *(c for c in known.every_place if c not in places)])
         names = "|".join(sorted(code_of, key=len, reverse=True))
         tail += rf"|(?P<apt>\b(?:{codes})\b)|(?P<city>\b(?:{names})\b)"
-    return _Vocabulary(places, {**source_only, **places}, code_of, frozenset(id_keys), tail)
+    return _Vocabulary(places, {**known.every_place, **places}, code_of, known.id_keys, tail)
 
 
 # --------------------------------------------------------------------------------------
@@ -296,6 +289,11 @@ def _normalise_call(call: Any) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             args = json.loads(args)
     return {"name": str(fn.get("name") or ""), "arguments": {} if args is None else args}
+
+
+def reference_messages(reference: Reference) -> list[dict[str, Any]]:
+    """The reference's messages in the output format, as plain values (not templates)."""
+    return _normalise(reference.raw)
 
 
 def _normalise(reference: dict[str, Any]) -> list[dict[str, Any]]:
@@ -695,14 +693,10 @@ def read_simulation(text: str) -> tuple[dict[str, Any], Any, Any] | None:
 def _execute(state: dict[str, Any], name: Any, arguments: Any) -> tuple[str, Any] | None:
     """``(observation, state after)`` of the call on ``state`` in its domain's world, or
     None when no registered domain builds a world on ``state`` (a table missing)."""
-    for domain in available_domains("environment"):
-        try:
-            env = get_environment(domain, state=deepcopy(state))
-            break
-        except ConfigError:
-            continue
-    else:
+    found = domains.world_over(state, [name] if isinstance(name, str) else [])
+    if found is None:
         return None
+    env = found[1]
     return env.execute(name, arguments), env.state
 
 

@@ -2,8 +2,10 @@
 
 The command reads the seed file (any format ``factory.io.readers`` knows), asks
 ``factory.envs.scaffold`` for the pack's files, writes them under ``--root``
-(default: the current folder) and prints what to review. It never overwrites a
-file unless ``--force`` is given.
+(default: the current folder) and prints what to review. Every guess and stub carries
+an ``x-review`` mark, and a run refuses the pack until a person has deleted them all
+(``--allow-unreviewed`` runs it as it is). It never overwrites a file unless ``--force``
+is given.
 
 Exit codes: 0 written, 2 a bad name or a file that exists, 3 no usable seed
 (no record with a tools column).
@@ -18,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from factory import packs
 from factory.errors import EXIT_INPUT, ConfigError, FactoryError
 
 __all__ = ["init_domain", "main"]
@@ -47,9 +50,8 @@ def init_domain(name: str, seeds: Path, root: Path, *, force: bool = False) -> A
         raise ConfigError(f"seed file {seeds} not found", key_path="--from-seeds")
     pipelines = (root / "pipelines").resolve()
     seeds_path = os.path.relpath(seeds.resolve(), pipelines)
-    # the factory's own templates (the project's prompts/ folder beside the package)
-    shipped = Path(__file__).resolve().parents[2] / "prompts"
-    templates = os.path.relpath(shipped, pipelines)
+    # the factory's own templates, wherever it is installed (factory.packs)
+    templates = f"{packs.SCHEME}prompts"
     try:
         result = scaffold(name, _records(seeds), seeds_path=seeds_path, templates=templates)
     except ConfigError as exc:
@@ -102,7 +104,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m factory.do
         print(f"  - {line}")
     run = "factory run" if prog.startswith("factory ") else "python -m factory.run"
     print(
-        f"then try it offline: {run} "
-        f"{root / 'pipelines' / (args.name + '.yaml')} --devserver --set amplify.target=50"
+        "a run refuses the pack while a file holds an x-review mark; once reviewed, try it "
+        f"offline: {run} {root / 'pipelines' / (args.name + '.yaml')} "
+        "--devserver --set amplify.target=50"
     )
     return 0

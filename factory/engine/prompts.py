@@ -15,6 +15,7 @@ replace the customer-service ones.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -24,13 +25,14 @@ from typing import Any
 
 import jinja2
 
+from factory.config import RecipeConfig
 from factory.core.formats.completion import render_output
 from factory.core.formats.textaction import render_messages
-from factory.core.trajectory import Trajectory
-from factory.envs.pack import Domain
-from factory.errors import ConfigError
+from factory.core.trajectory import Trajectory, canonical_json
+from factory.envs.pack import Domain, load_domain
+from factory.errors import ConfigError, FactoryError
 
-__all__ = ["DIRECTIONS", "Prompt", "PromptTemplate", "estimate_tokens"]
+__all__ = ["DIRECTIONS", "Prompt", "PromptTemplate", "estimate_tokens", "prompt_fingerprints"]
 
 # Variation directions cycled by sample index: diversity without randomness, so a
 # request is a pure function of (seed, index) and can be cached and resumed.
@@ -150,3 +152,42 @@ class PromptTemplate:
             {"role": "user", "content": user},
         ]
         return Prompt(messages=messages, static_chars=len(self.static))
+
+
+def prompt_fingerprints(cfg: RecipeConfig) -> dict[str, str]:
+    """Per LLM stage of a single-domain recipe, a hash of what all its requests share: the
+    model, the sampling parameters, the template's text and the static block it renders
+    (the pack's policy and tools).
+
+    Why: a request id hashes the whole prompt (``llm_stage.request_id``), so editing the
+    policy gives every request a new id and none of the folder's cached answers of that
+    stage is asked for again. Comparing these with the folder's last run
+    (``factory.io.runstate.note_prompt_changes``) says so before the calls are paid.
+    Returns {} for a recipe without LLM stages, a mixed one, or one whose pack or
+    templates do not load (the job then reports that).
+    """
+    if cfg.llm is None or cfg.parts is not None:
+        return {}
+    stages: list[tuple[str, str, str]] = []
+    if cfg.prefilter.enabled:
+        stages.append(("prefilter", cfg.prefilter.prompt, cfg.prefilter.model or cfg.llm.model))
+    if cfg.amplify is not None:
+        grounding = cfg.amplify.grounding
+        path = grounding.prompt if grounding is not None else cfg.amplify.prompt
+        stages.append(("amplify", path, cfg.llm.model))
+    out: dict[str, str] = {}
+    try:
+        domain = load_domain(cfg)
+        for stage, path, model in stages:
+            file = cfg.resolve(path)
+            template = PromptTemplate(file, domain, key_path=stage)
+            body = {
+                "model": model,
+                "sampling": cfg.llm.sampling,
+                "template": hashlib.sha256(file.read_bytes()).hexdigest(),
+                "static": template.static,
+            }
+            out[stage] = hashlib.sha256(canonical_json(body).encode()).hexdigest()[:16]
+    except (FactoryError, OSError):
+        return {}
+    return out

@@ -11,6 +11,7 @@ for ``amplify``; step samples for ``envsim``).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,7 @@ def _run_locked(
         return result
     with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
         print(f"log (Ray's messages, retries): {log}", file=console())
+        _say_prompt_changes(cfg, out_dir)
         if cfg.parts is not None:
             from factory.engine.jobs.mix import run_mix
 
@@ -270,3 +272,14 @@ def _write_documents(out_dir: Path, result: RunResult) -> None:
     result.extra["report"] = (
         f"{result.extra['report']}\n{note}" if result.extra.get("report") else note
     )
+
+
+def _say_prompt_changes(cfg: RecipeConfig, out_dir: Path) -> None:
+    """Before any call: which stages' prompts changed since the folder's last run, and how
+    many cached answers that leaves unused (``factory.io.runstate.note_prompt_changes``)."""
+    from factory.engine.prompts import prompt_fingerprints
+    from factory.io.runstate import note_prompt_changes
+
+    for line in note_prompt_changes(cfg, out_dir, prompt_fingerprints(cfg)):
+        print(f"note: {line}", file=console())
+        logging.getLogger("factory").warning(line)

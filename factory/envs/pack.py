@@ -23,15 +23,27 @@ from factory.core.trajectory import normalize_tool_spec
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.config import RecipeConfig
+    from factory.config import DomainConfig, RecipeConfig
     from factory.core.compose import CompositionRules
     from factory.core.grammar import ActionGrammar
     from factory.core.rules import DomainRules
     from factory.envs.plugin import DataPack
 
-__all__ = ["KINDS", "Domain", "domain_from_pack", "load_domain"]
+__all__ = [
+    "KINDS",
+    "REVIEW_MARKER",
+    "Domain",
+    "check_reviewed",
+    "domain_from_pack",
+    "load_domain",
+    "unreviewed",
+]
 
 KINDS = ("read", "write", "generic")
+#: What ``factory domain init`` writes where a person must review a guess or a stub: an
+#: ``x-review`` key in tools.json, an ``x-review:`` comment in the policy, rules and recipe.
+#: A run refuses to start while a file of its pack (or the recipe) still holds it.
+REVIEW_MARKER = "x-review"
 
 
 @dataclass
@@ -143,9 +155,11 @@ def _read_rules(rules_path: Path | None) -> DomainRules | None:
     return rules
 
 
-def _pack_paths(cfg: RecipeConfig) -> tuple[Path, Path | None, Path | None]:
+def _pack_paths(
+    cfg: RecipeConfig, domain: DomainConfig | None = None
+) -> tuple[Path, Path | None, Path | None]:
     """The recipe's files, or (when it names no tools) its domain plug-in's pack."""
-    d = cfg.domain
+    d = domain if domain is not None else cfg.domain
     if d.tools is not None:
         return (
             cfg.resolve(d.tools),
@@ -181,3 +195,42 @@ def domain_from_pack(name: str, pack: DataPack) -> Domain:
     policy = pack.policy.read_text(encoding="utf-8") if pack.policy is not None else ""
     rules = DomainRules.load(pack.rules) if pack.rules is not None else None
     return Domain(name=name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+
+
+def unreviewed(cfg: RecipeConfig) -> list[Path]:
+    """The files of the recipe's packs, and the recipe itself, that still hold the
+    :data:`REVIEW_MARKER` of a scaffold (each part's pack for a mixed recipe)."""
+    files: list[Path] = [cfg.source] if cfg.source is not None else []
+    domains = [p.domain for p in cfg.parts] if cfg.parts else [cfg.domain]
+    for domain in domains:
+        try:
+            files += [f for f in _pack_paths(cfg, domain) if f is not None]
+        except ConfigError:
+            continue  # an unknown domain: load_domain names it when the run needs it
+    marked = []
+    for file in dict.fromkeys(files):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # load_domain reports an unreadable file
+        if REVIEW_MARKER in text:
+            marked.append(file)
+    return marked
+
+
+def check_reviewed(cfg: RecipeConfig) -> None:
+    """Refuse a recipe whose pack a person has not reviewed yet.
+
+    Raises:
+        ConfigError: a file still holds :data:`REVIEW_MARKER` (every such file named).
+    """
+    marked = unreviewed(cfg)
+    if marked:
+        names = ", ".join(str(f) for f in marked)
+        raise ConfigError(
+            f"not reviewed yet: {names} still hold{'s' if len(marked) == 1 else ''} the "
+            f"'{REVIEW_MARKER}' marks `factory domain init` left on guesses and stubs; read "
+            "each one, fix what is wrong and delete the mark (or run with --allow-unreviewed "
+            "to use the pack as it is)",
+            key_path="domain",
+        )

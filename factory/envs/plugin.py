@@ -21,8 +21,9 @@ optional; the engine says which part is missing when a recipe needs it
   (``factory.envsim.grounding``);
 * ``fidelity_renames``: keys the database renamed since its reference
   trajectories were recorded (``factory.envsim.fidelity``);
-* ``devserver``: what the development server needs to answer the domain's
-  prompts offline (``factory.devserver``);
+* ``places``: codes renamed together with a name (an airport and its city) when the
+  development server varies a reference; the one datum it cannot read off the
+  domain's world and tools (``factory.devserver.domains`` derives the rest);
 * ``simulator_facts``: ``simulator_facts(tool) -> text``, what a simulator of
   that tool must know that no state slice shows (the current time, the rule a
   tool follows to name a new object, a constant table), stated in every
@@ -37,10 +38,14 @@ pipelines with no Python.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from factory import packs
+from factory.errors import ConfigError
 
 if TYPE_CHECKING:
     from factory.core.trajectory import Trajectory
@@ -49,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = [
     "PARTS",
     "DataPack",
-    "DevserverHooks",
     "DomainPlugin",
     "EpisodeSampling",
     "ScenarioSource",
@@ -66,6 +70,40 @@ class DataPack:
     tools: Path
     policy: Path | None = None
     rules: Path | None = None
+
+    @classmethod
+    def shipped(cls, name: str) -> DataPack | None:
+        """The pack of domain ``name`` the factory ships (``factory.packs``):
+        ``prompts/NAME/tools.json``, ``prompts/NAME/policy.md`` and ``filters/NAME.yaml``,
+        each where present; None without a tools file."""
+        return cls._existing(
+            packs.shipped(f"prompts/{name}/tools.json"),
+            packs.shipped(f"prompts/{name}/policy.md"),
+            packs.shipped(f"filters/{name}.yaml"),
+        )
+
+    @classmethod
+    def of_package(
+        cls, package: str, *, tools: str, policy: str | None = None, rules: str | None = None
+    ) -> DataPack | None:
+        """A pack a domain's own package ships as package data (``importlib.resources``:
+        paths relative to ``package``); None without its tools file."""
+        root = resources.files(package)
+        if not isinstance(root, Path):
+            raise ConfigError(f"package {package} is not installed as files", key_path="domain")
+        return cls._existing(
+            root / tools, root / policy if policy else None, root / rules if rules else None
+        )
+
+    @classmethod
+    def _existing(cls, tools: Path, policy: Path | None, rules: Path | None) -> DataPack | None:
+        if not tools.is_file():
+            return None
+        return cls(
+            tools=tools,
+            policy=policy if policy is not None and policy.is_file() else None,
+            rules=rules if rules is not None and rules.is_file() else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -132,34 +170,6 @@ class EpisodeSampling:
     sample_episode: EpisodeSampler
 
 
-GroundedPlayer = Callable[[State, random.Random, Collection[str]], "dict[str, Any] | None"]
-
-
-@dataclass(frozen=True)
-class DevserverHooks:
-    """What the development server needs to answer a domain's prompts offline.
-
-    ``read_state(value)``: the value of a prompt's environment block if it is a
-    state of this domain, else None. ``play(state, rng, reference_tools)``: a
-    conversation (``{"messages": [...]}``) whose every call was executed on
-    ``state``, or None. ``observation_enums``: per JSON key, the values a
-    drifting simulator swaps among (the ``wrong_observation`` defect).
-
-    What the devserver renames in an ungrounded reference, besides names, ids
-    and dates: ``places`` (code -> place name, e.g. an airport and its city; one
-    code per name, so a name always renames with its code), ``source_only_places``
-    (renamed when seen, never chosen as a new value) and ``id_keys`` (JSON keys
-    whose string values are ids, besides ``id`` and ``*_id``).
-    """
-
-    read_state: Callable[[Any], State | None]
-    play: GroundedPlayer
-    observation_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    places: Mapping[str, str] = field(default_factory=dict)
-    source_only_places: Mapping[str, str] = field(default_factory=dict)
-    id_keys: frozenset[str] = frozenset()
-
-
 @dataclass(frozen=True)
 class DomainPlugin:
     """Everything the engine may ask of one domain; only ``name`` is required."""
@@ -173,7 +183,9 @@ class DomainPlugin:
     sampler: EpisodeSampling | None = None
     grounding: Callable[[Environment], ScenarioSource] | None = None
     fidelity_renames: Mapping[str, str] = field(default_factory=dict)
-    devserver: DevserverHooks | None = None
+    #: code -> place name, in order; a code whose name an earlier code has is only renamed
+    #: when seen, never chosen (so a name always renames with one code).
+    places: Mapping[str, str] = field(default_factory=dict)
     simulator_facts: Callable[[str], str] | None = None
 
     def has(self, part: str) -> bool:
@@ -192,6 +204,6 @@ PARTS: tuple[str, ...] = (
     "sampler",
     "grounding",
     "fidelity_renames",
-    "devserver",
+    "places",
     "simulator_facts",
 )

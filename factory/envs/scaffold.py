@@ -3,10 +3,19 @@
 Why: a user who has seed trajectories of a domain nobody wrote a pack for should
 not hand-write tools.json, a policy and a rules file before the first run. The
 seeds already hold what the pack needs most: the tool specs (the ``tools``
-column) and how the tools are called. This module turns parsed seed records into
-the pack's files; what it guesses (each tool's ``x-kind``, from its name) is
-marked for review in the file (``x-review``) and in the returned list, so the
-user knows exactly what to read before a large run.
+column), how the tools behave (``factory.envs.kinds``: a call that returns a new id
+or a changed record is a write) and the agent's system prompt. This module turns seed
+records into the pack's files. Everything it guessed or stubbed carries the review
+mark ``x-review`` (``factory.envs.pack.REVIEW_MARKER``: a key in tools.json, a comment
+in the other files) and is listed in the returned review list; a run refuses the pack
+until a person has deleted every mark (``factory run --allow-unreviewed`` overrides).
+
+What the scaffold keeps from the seeds: the seeds' own system prompt becomes the policy
+(the system prompt of every training row), never a stub; seeds without one give a pack
+without a policy, and each row keeps its seed's (none). The recipe's paths follow the
+README: the seed file and the pack relative to the recipe's folder, the factory's
+templates as ``factory:prompts/...`` and the output folder relative to where the run
+starts (``out/NAME``).
 
 Pure: it takes records (dicts) and returns file texts; the command
 (``factory/domain/__main__.py``) reads the seed file and writes the files.
@@ -21,8 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from factory.core.trajectory import normalize_tool_spec
-from factory.errors import ConfigError
+from factory.core.formats import parse_record
+from factory.core.trajectory import Trajectory, normalize_tool_spec
+from factory.envs.kinds import observed_kinds
+from factory.envs.pack import REVIEW_MARKER
+from factory.errors import ConfigError, FactoryError
 
 __all__ = ["Scaffold", "guess_kind", "scaffold"]
 
@@ -152,33 +164,21 @@ def _called(record: Mapping[str, Any]) -> Iterable[str]:
                 yield fn["name"]
 
 
-def _policy(name: str, tools: list[dict[str, Any]]) -> str:
-    lines = [
-        f"# {name}: agent policy (STUB, written by `factory.domain init`: review it)",
-        "",
-        "Replace this stub with the rules your agent follows. The amplification prompts show",
-        "it to the model, and the LLM judge checks trajectories against it.",
-        "",
-        "## Tools",
-        "",
-    ]
-    for tool in tools:
-        desc = tool["description"].strip().splitlines()[0] if tool["description"] else ""
-        lines.append(f"- `{tool['name']}` ({tool['x-kind']}): {desc or 'TODO: describe'}")
-    lines += [
-        "",
-        "## Rules",
-        "",
-        "- TODO: what the agent must confirm with the user before a write tool runs.",
-        "- TODO: what the agent must refuse.",
-        "",
-    ]
-    return "\n".join(lines)
+def _policy(name: str, system: str, others: int) -> str:
+    """The policy: the seeds' own system prompt, under a review mark."""
+    also = f" ({others} seed(s) have another one)" if others else ""
+    return (
+        f"<!-- {REVIEW_MARKER}: the system prompt of the {name} seeds{also}, written by "
+        "`factory domain init` as the policy every training row gets; check it states the "
+        "rules the agent must follow, then delete this line -->\n" + system.strip() + "\n"
+    )
 
 
 def _rules(name: str) -> str:
     return (
-        f"# Argument rules of the {name} domain (STUB, written by `factory.domain init`).\n"
+        f"# {REVIEW_MARKER}: a stub with no rules, written by `factory domain init`; add the\n"
+        "# argument formats (ids, emails, dates) a call must keep, then delete this line.\n"
+        f"# Argument rules of the {name} domain.\n"
         "# Each rule's `schema` is a JSON-Schema fragment applied to the value at `argument`\n"
         "# (dotted path; `[]` walks list items) of the listed tools. Example:\n"
         "#  - id: email_format\n"
@@ -192,8 +192,12 @@ def _rules(name: str) -> str:
     )
 
 
-def _recipe(name: str, seeds_path: str, templates: str) -> str:
-    return f"""# Amplification of the {name} seeds (written by `factory.domain init`; review it).
+def _recipe(name: str, seeds_path: str, templates: str, policy: bool) -> str:
+    policy_line = f"  policy: ../prompts/{name}/policy.md\n" if policy else ""
+    return f"""# {REVIEW_MARKER}: written by `factory domain init`; set the model, endpoints, target
+# and max_cost_usd, then delete this line (a run refuses the recipe until then).
+# Amplification of the {name} seeds. Paths: the pack and the seeds relative to this file,
+# the factory's templates as factory:prompts/..., the output relative to where you run.
 # Offline against the development server:
 #   python -m factory.run pipelines/{name}.yaml --devserver --set amplify.target=50
 name: {name}-amplify
@@ -201,8 +205,7 @@ pipeline: amplify
 domain:
   name: {name}
   tools: ../prompts/{name}/tools.json
-  policy: ../prompts/{name}/policy.md
-  rules: ../filters/{name}.yaml
+{policy_line}  rules: ../filters/{name}.yaml
 seeds:
   path: {json.dumps(seeds_path)}
   tools_from_domain: true
@@ -225,7 +228,7 @@ amplify:
   prompt: {json.dumps(templates + "/amplify.j2")}
   max_cost_usd: 50
 output:
-  dir: ../out/{name}
+  dir: out/{name}
   dataset_name: factory_{name}
 ray:
   actors: 2
@@ -233,8 +236,19 @@ ray:
 """
 
 
+def _trajectories(records: list[Mapping[str, Any]]) -> list[Trajectory]:
+    """The records that parse as seeds (for what their calls show); the others are skipped."""
+    out = []
+    for i, record in enumerate(records):
+        try:
+            out.append(parse_record(dict(record), source=f"seed:{i}"))
+        except FactoryError:
+            continue
+    return out
+
+
 def scaffold(
-    name: str, records: Iterable[Any], *, seeds_path: str, templates: str = "../prompts"
+    name: str, records: Iterable[Any], *, seeds_path: str, templates: str = "factory:prompts"
 ) -> Scaffold:
     """The files of a data-only pack for domain ``name`` from parsed seed records.
 
@@ -248,8 +262,9 @@ def scaffold(
             ``prefilter.j2``) as the recipe should name it.
 
     Returns:
-        The files (``prompts/NAME/tools.json``, ``prompts/NAME/policy.md``,
-        ``filters/NAME.yaml``, ``pipelines/NAME.yaml``) and the review list.
+        The files (``prompts/NAME/tools.json``, ``prompts/NAME/policy.md`` when the seeds
+        have a system prompt, ``filters/NAME.yaml``, ``pipelines/NAME.yaml``) and the
+        review list.
 
     Raises:
         ConfigError: a bad name, or no record has a usable tools column.
@@ -262,11 +277,14 @@ def scaffold(
     specs: dict[str, dict[str, Any]] = {}
     variants: Counter[str] = Counter()
     called: Counter[str] = Counter()
+    systems: Counter[str] = Counter()
+    used: list[Mapping[str, Any]] = []
     without_tools = 0
     for record in records:
         if not isinstance(record, Mapping):
             continue
         out.seeds += 1
+        used.append(record)
         raw = _tools_of(record)
         if not raw:
             without_tools += 1
@@ -288,13 +306,21 @@ def scaffold(
             f"no seed record has a tools column with function specs ({out.seeds} records read)",
             key_path="--from-seeds",
         )
+    trajectories = _trajectories(used)
+    systems.update(t.system.strip() for t in trajectories if t.system.strip())
+    evidence = observed_kinds(trajectories)
     for tool_name in sorted(specs):
         tool = specs[tool_name]
-        kind, why = guess_kind(tool_name)
+        seen = evidence[tool_name].verdict() if tool_name in evidence else None
+        if seen is not None:
+            kind, why = seen[0], f"the seeds' calls show it: {seen[1]}"
+        else:
+            kind, named = guess_kind(tool_name)
+            why = f"no seed call shows what it does; guessed from its name ({named})"
         tool["x-kind"] = kind
-        tool["x-review"] = f"x-kind {kind!r} guessed: {why}; check it, then delete this key"
+        tool["x-review"] = f"x-kind {kind!r}: {why}; check it, then delete this key"
         out.tools.append(tool)
-        out.review.append(f"tool {tool_name}: x-kind {kind} guessed ({why})")
+        out.review.append(f"tool {tool_name}: x-kind {kind} ({why})")
         if not tool["description"]:
             out.review.append(f"tool {tool_name}: no description in the seeds; write one")
         if not tool["parameters"].get("properties"):
@@ -310,15 +336,26 @@ def scaffold(
         out.review.append(f"tool {tool_name}: called in the seeds but in no tools column")
     if without_tools:
         out.review.append(f"{without_tools} seed records have no tools column")
+    out.files[f"prompts/{name}/tools.json"] = (
+        json.dumps(out.tools, indent=2, ensure_ascii=False) + "\n"
+    )
+    if systems:
+        (system, _), *others = systems.most_common()
+        out.files[f"prompts/{name}/policy.md"] = _policy(name, system, sum(n for _, n in others))
+        out.review.append(
+            f"prompts/{name}/policy.md is the seeds' own system prompt, the system prompt of "
+            "every training row: check it states the agent's rules"
+        )
+    else:
+        out.review.append(
+            "the seeds have no system prompt, so the pack has no policy: the rows get none "
+            f"(write prompts/{name}/policy.md and name it in the recipe to give them one)"
+        )
+    out.files[f"filters/{name}.yaml"] = _rules(name)
+    out.files[f"pipelines/{name}.yaml"] = _recipe(name, seeds_path, templates, bool(systems))
     out.review += [
-        f"prompts/{name}/policy.md is a stub: write the agent's rules",
         f"filters/{name}.yaml has no rules: add argument formats (ids, emails, dates)",
         f"pipelines/{name}.yaml: the model, endpoints, target and max_cost_usd",
+        f"then delete every '{REVIEW_MARKER}' mark: a run refuses the pack until they are gone",
     ]
-    out.files = {
-        f"prompts/{name}/tools.json": json.dumps(out.tools, indent=2, ensure_ascii=False) + "\n",
-        f"prompts/{name}/policy.md": _policy(name, out.tools),
-        f"filters/{name}.yaml": _rules(name),
-        f"pipelines/{name}.yaml": _recipe(name, seeds_path, templates),
-    }
     return out

@@ -1,7 +1,10 @@
 """A tau-bench-style world: tables keyed by id, tools ``fn(state, **arguments) -> str``.
 
 Airline and retail are both this shape, so the machinery lives here once and a domain
-declares only its tables, tools, argument schemas, write targets and world generator.
+declares only its tables, tools, argument schemas, write targets and world generator (class
+attributes, no methods to write). The same declarations give the domain plug-in its
+defaults (``factory.envs.table_domain``): the bare tool specs, the world sizes, and an
+exact slice of any call, read off the records the call touches (:meth:`TableWorld.reads`).
 
 Why copy-on-write: a sampling run forks the world once per episode and steps it
 thousands of times. ``copy()`` therefore copies only the tables (a dict of references
@@ -13,9 +16,10 @@ mutate ``state`` by hand.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from copy import deepcopy
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -25,16 +29,72 @@ import jsonschema
 from factory.envs.base import binding_error, error_observation
 from factory.errors import ConfigError
 
-__all__ = ["TableWorld"]
+__all__ = ["ALL", "READ_PREFIXES", "TableWorld"]
 
 W = TypeVar("W", bound="TableWorld")
+Target = tuple[str, str]
+WriteTargets = Callable[[dict[str, Any], str, dict[str, Any]], list[Target]]
+
+#: What :meth:`TableWorld.reads` reports for a table a call scans as a whole.
+ALL = "*"
+#: A tool whose name starts so is a read (``x-kind``) in the bare specs; a write tool is one
+#: the world lists in ``write_tools``; the rest are generic (calculate, think, transfer).
+READ_PREFIXES = ("get_", "search_", "find_", "list_")
+
+
+class _Recording(dict[str, Any]):
+    """A table that notes which of its records a tool touches (``ALL`` when it scans it)."""
+
+    def __init__(self, records: dict[str, Any], name: str, log: dict[str, set[str]]) -> None:
+        super().__init__(records)
+        self._name, self._log = name, log
+
+    def _saw(self, key: Any) -> None:
+        self._log.setdefault(self._name, set()).add(key if isinstance(key, str) else ALL)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._saw(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._saw(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._saw(key)
+        return super().__contains__(key)
+
+    def _scan(self) -> None:
+        self._saw(None)
+
+    def __iter__(self) -> Iterator[str]:
+        self._scan()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._scan()
+        return super().__len__()
+
+    def keys(self) -> Any:
+        self._scan()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._scan()
+        return super().values()
+
+    def items(self) -> Any:
+        self._scan()
+        return super().items()
 
 
 class TableWorld:
     """An ``Environment`` over tables of JSON objects, with copy-on-write forks.
 
-    Subclasses set the class attributes below, ``generate`` (their seeded world) and
-    ``writes`` (what a write tool will change, so only that is copied).
+    Subclasses set the class attributes below: ``generator`` (``"module:function"``, the
+    seeded world generator, imported when a world is generated) and ``write_targets``
+    (``fn(state, tool, arguments) -> [(table, key)]``, what a write tool will change, so
+    only that is copied); or override ``generate`` and ``writes``.
 
     Args:
         state: the database, keyed by id in tau-bench's layout; the env takes
@@ -50,6 +110,8 @@ class TableWorld:
     tools: ClassVar[Mapping[str, Callable[..., str]]]
     write_tools: ClassVar[Collection[str]]
     parameters: ClassVar[Mapping[str, dict[str, Any]]]
+    generator: ClassVar[str | None] = None
+    write_targets: ClassVar[WriteTargets | None] = None
     _signatures: ClassVar[dict[str, inspect.Signature]]
     _validators: ClassVar[dict[str, jsonschema.Draft202012Validator]]
 
@@ -69,10 +131,39 @@ class TableWorld:
         self.validate_arguments = validate_arguments
 
     # --- construction -----------------------------------------------------------------
-    @staticmethod
-    def generate(seed: int, **world: Any) -> dict[str, Any]:
-        """The domain's seeded world (its ``world.generate_world``)."""
-        raise NotImplementedError
+    @classmethod
+    def generator_function(cls) -> Callable[..., dict[str, Any]]:
+        """The seeded world generator ``generator`` names.
+
+        Raises:
+            NotImplementedError: the world has no generator (it is loaded, not generated).
+        """
+        if not cls.generator:
+            raise NotImplementedError(f"the {cls.domain} world has no generator")
+        module, _, name = cls.generator.partition(":")
+        found: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
+        return found
+
+    @classmethod
+    def generate(cls, seed: int, **world: Any) -> dict[str, Any]:
+        """The domain's seeded world (``generator``'s function, with its sizes ``world``)."""
+        return cls.generator_function()(seed, **world)
+
+    @classmethod
+    def bare_tools(cls) -> list[dict[str, Any]]:
+        """The tool specs without descriptions, with ``x-kind`` (episodes that get no pack
+        tools): ``write`` for ``write_tools``, ``read`` for names starting with a
+        :data:`READ_PREFIXES` verb, else ``generic``."""
+
+        def kind(name: str) -> str:
+            if name in cls.write_tools:
+                return "write"
+            return "read" if name.startswith(READ_PREFIXES) else "generic"
+
+        return [
+            {"name": n, "description": "", "parameters": p, "x-kind": kind(n)}
+            for n, p in sorted(cls.parameters.items())
+        ]
 
     @classmethod
     def from_dir(cls: type[W], path: str | Path, **kw: Any) -> W:
@@ -170,7 +261,28 @@ class TableWorld:
 
     def writes(self, name: str, arguments: dict[str, Any]) -> list[tuple[str, str]]:
         """The ``(table, key)`` objects the write tool ``name`` will change."""
-        raise NotImplementedError
+        targets = type(self).write_targets
+        if targets is None:
+            raise NotImplementedError(f"the {self.domain} world names no write_targets")
+        return targets(self._state, name, arguments)
+
+    def reads(self, name: str, arguments: Any) -> dict[str, set[str]]:
+        """The records the call ``name(arguments)`` touches, per table (:data:`ALL` when it
+        scans the table), found by running it on a fork whose tables note every access.
+
+        Why: a step sample needs the part of the state that decides its observation. The
+        tools are deterministic functions of the records they read, so those records (and
+        whole tables where a tool iterates one) give the same observation on a slice as on
+        the world, for any domain, without a slicing rule written per tool.
+        """
+        fork = self.copy()
+        log: dict[str, set[str]] = {}
+        fork._state = {
+            table: _Recording(records, table, log) if table in self.tables else records
+            for table, records in fork._state.items()
+        }
+        fork.execute(name, arguments)
+        return log
 
     def _own(self, targets: list[tuple[str, str]]) -> None:
         for table, key in targets:

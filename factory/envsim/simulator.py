@@ -39,6 +39,7 @@ from typing import Any
 
 import jinja2
 
+from factory import packs
 from factory.core.delta import DeltaError, apply, same_json
 from factory.core.export import THINK_CLOSE, THINK_OPEN
 from factory.core.labels import step_labels
@@ -69,7 +70,8 @@ __all__ = [
 SIM_MARKER = "### Tool call to simulate"
 #: The line that opens the state block.
 STATE_MARKER = "### State"
-TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "prompts" / "simulate.j2"
+#: The simulator prompt, shipped with the package (``prompts/simulate.j2``).
+TEMPLATE_PATH = packs.shipped("prompts/simulate.j2")
 
 _BLOCKS = ("system", "tool", "call", "user")
 _JSON_COLUMNS = ("arguments", "state_before", "state_after", "delta", "labels")

@@ -266,6 +266,13 @@ class ResponseCache:
             self._refresh_if_due()
             return len(self._index) + sum(1 for k in self._pending if k not in self._index)
 
+    def count(self, prefix: str = "") -> int:
+        """Distinct ids starting with ``prefix`` (a stage's requests: ``"amplify-"``)."""
+        with self._lock:
+            self._refresh_if_due()
+            ids = set(self._index) | set(self._pending)
+            return sum(1 for i in ids if i.startswith(prefix))
+
     def refresh(self) -> None:
         """Index the entries other writers added since the last look."""
         with self._lock:

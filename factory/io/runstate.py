@@ -46,12 +46,13 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from factory.config import RecipeConfig
-from factory.errors import ConfigError, OutputDamaged, OutputLocked, OutputWriteError
+from factory.errors import ConfigError, FactoryError, OutputDamaged, OutputLocked, OutputWriteError
 from factory.io.writer import atomic_write_text, writing
 
 __all__ = [
     "BATCHES_DIR",
     "LOCK_FILE",
+    "PROMPTS_FILE",
     "RESERVE_FILE",
     "RESUMABLE",
     "UNSTORED_DIR",
@@ -61,6 +62,7 @@ __all__ = [
     "changed_keys",
     "finish_run",
     "hold_output",
+    "note_prompt_changes",
     "prepare_output",
     "reserve_room",
     "restore_unstored",
@@ -71,6 +73,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_FILE = "run.json"
+#: Per LLM stage, the fingerprint of the prompts of the folder's last run (kept by --fresh,
+#: like the cache whose answers it describes).
+PROMPTS_FILE = "prompts.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = "cache"  # the default cache location inside the output folder
 UNSTORED_DIR = "unstored"
@@ -365,6 +370,57 @@ def _rebuildable(cfg: RecipeConfig) -> bool:
     return cfg.llm is None or cfg.pipeline != "amplify" or cfg.cache.enabled
 
 
+def note_prompt_changes(
+    cfg: RecipeConfig, out_dir: Path, fingerprints: Mapping[str, str]
+) -> list[str]:
+    """What changed in the prompts since the folder's last run, said before any call is
+    paid; records ``fingerprints`` (``factory.engine.prompts.prompt_fingerprints``) as
+    the folder's latest.
+
+    Why: an edited policy or template gives every request of its stage a new id, so the
+    cached answers of that stage are not reused and its calls are paid again. That is
+    right (the answers were to other prompts) but must not be silent.
+
+    Returns:
+        One line per stage whose prompts changed, with how many cached answers of that
+        stage no longer apply.
+    """
+    path = out_dir / PROMPTS_FILE
+    try:
+        before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        before = {}
+    known = before if isinstance(before, dict) else {}
+    changed = [s for s, f in fingerprints.items() if known.get(s) not in (None, f)]
+    lines = []
+    if changed:
+        counts = _cached_by_stage(cfg, out_dir, changed)
+        for stage in changed:
+            lines.append(
+                f"the {stage} prompts changed since this folder's last run (template, "
+                f"policy, tools, model or sampling): its {counts.get(stage, 0)} cached "
+                f"{stage} answers no longer apply, and its calls are made and paid again"
+            )
+    if fingerprints:
+        atomic_write_text(path, json.dumps(dict(fingerprints), indent=2) + "\n", out_dir)
+    return lines
+
+
+def _cached_by_stage(cfg: RecipeConfig, out_dir: Path, stages: list[str]) -> dict[str, int]:
+    if not cfg.cache.enabled:
+        return {}
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    if not cfg.cache.path and not (out_dir / CACHE_DIR).is_dir():
+        return {}
+    from factory.io.cache import ResponseCache
+
+    try:
+        with ResponseCache(location, refresh_interval_s=0.0) as cache:
+            return {stage: cache.count(f"{stage}-") for stage in stages}
+    except (OSError, FactoryError):
+        return {}
+
+
 def _target_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """A finished run whose target changed continues (raising it asks for more rows)."""
     before, now = old.get("amplify") or {}, new.get("amplify") or {}
@@ -379,7 +435,9 @@ def _clear_for_fresh(cfg: RecipeConfig, out_dir: Path, *, drop_cache: bool) -> s
     """
     # The license given for the card (factory report/push --license) is the user's choice
     # about publishing the dataset, not an output of the recipe: kept too.
-    keep = {LOCK_FILE, CARD_SETTINGS} | (set() if drop_cache else {CACHE_DIR, UNSTORED_DIR})
+    keep = {LOCK_FILE, CARD_SETTINGS} | (
+        set() if drop_cache else {CACHE_DIR, UNSTORED_DIR, PROMPTS_FILE}
+    )
     for child in out_dir.iterdir():
         if child.name in keep:
             continue

@@ -589,3 +589,29 @@ def test_parse_record_raises_only_seed_errors(record: Any) -> None:
         return
     assert traj.metadata["id"] == traj.content_id()
     assert Trajectory.from_json(traj.to_json()) == traj
+
+
+# --- the documented layouts (docs/seed-formats.md) ------------------------------------------
+def _documented() -> list[Any]:
+    text = (REPO_ROOT / "docs" / "seed-formats.md").read_text(encoding="utf-8")
+    blocks = text.split("```json\n")[1:]
+    return [json.loads(block.split("\n```", 1)[0]) for block in blocks]
+
+
+def test_every_documented_seed_layout_parses_with_its_call_and_answer() -> None:
+    from factory.core.trajectory import normalize_tool_spec
+
+    documented = _documented()
+    records = [r for r in documented if any(k in r for k in ("conversations", "messages", "traj"))]
+    specs = [r for r in documented if r not in records]
+    assert [detect_format(r) for r in records] == ["sharegpt", "openai", "openai", "hermes"]
+    domain_tools = [normalize_tool_spec(s) for s in specs[:1]]
+    for record in records:
+        traj = parse_record(record, source="doc:0", default_tools=domain_tools)
+        (_, call), *_ = traj.calls()
+        assert call.name == "get_member_details" and call.arguments == {"member_id": "M0007"}
+        assert [t.role for t in traj.turns][-2:] == ["tool", "assistant"]
+        assert traj.system.startswith("You are a library assistant.")
+        assert traj.tools
+    bare, wrapped = (normalize_tool_spec(s) for s in specs)
+    assert bare == wrapped and bare["name"] == "checkout_book"

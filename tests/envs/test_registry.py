@@ -150,11 +150,15 @@ def test_the_builtin_airline_registers_through_the_entry_point_group() -> None:
 
 def test_a_third_party_domain_is_found_through_its_entry_point(site: Path) -> None:
     _install(site, "shop_plugin", {"shop": "shop_plugin:plugin"})
-    assert available_domains() == ["airline", "retail", "shop"]
+    names = available_domains()
+    assert "shop" in names and "airline" in names and names == sorted(names)
     # Listing the names imports nothing: registration is no import side effect.
     assert "shop_plugin" not in sys.modules
-    assert available_domains("slicing") == ["airline", "retail", "shop"]
-    assert available_domains("sampler") == ["airline", "retail"]
+    assert "shop" in available_domains("slicing")
+    # A part is listed for exactly the domains that supply it (shop has no sampler).
+    for part in ("slicing", "sampler", "grounding"):
+        assert available_domains(part) == [d for d in names if get_plugin(d).has(part)]
+    assert "shop" not in available_domains("sampler")
     env = get_environment("shop", seed=2)
     assert env.execute("add", {"item": "i1"}) == "3"
     assert get_plugin("shop").pack is not None
@@ -200,18 +204,19 @@ def test_a_broken_plugin_is_a_config_error_naming_it(site: Path, target: str, me
         get_plugin("shop")
     assert info.value.key_path == "domain"
     assert get_plugin("airline").name == "airline"  # one broken plug-in does not hide the rest
-    assert available_domains("environment") == ["airline", "retail"]
+    assert "shop" not in available_domains("environment")
+    assert "airline" in available_domains("environment")
 
 
 def test_unknown_domains_and_missing_parts_name_the_known_ones() -> None:
-    with pytest.raises(
-        ConfigError, match=r"unknown domain 'hotel'; known domains: airline, retail"
-    ):
+    known = ", ".join(available_domains())
+    with pytest.raises(ConfigError, match=rf"unknown domain 'hotel'; known domains: {known} \("):
         get_plugin("hotel")
     register_domain(DomainPlugin("bare"))
     try:
+        grounded = ", ".join(d for d in available_domains("grounding") if d != "bare")
         with pytest.raises(
-            ConfigError, match="'bare' supplies no grounding; domains that do: airline, retail"
+            ConfigError, match=f"'bare' supplies no grounding; domains that do: {grounded}$"
         ):
             get_plugin("bare", needs="grounding")
         with pytest.raises(ConfigError, match="already registered"):
@@ -224,7 +229,7 @@ def test_unknown_domains_and_missing_parts_name_the_known_ones() -> None:
 # --- a data-only domain: files, no Python --------------------------------------------------------
 
 
-def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
+def _archive(tmp: Path, pipeline: str, extra: str = "") -> Path:
     """A domain pack and recipe for a domain no plug-in knows."""
     tools = [
         {
@@ -250,8 +255,8 @@ def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
     ]
     (tmp / "tools.json").write_text(json.dumps(tools), encoding="utf-8")
     (tmp / "policy.md").write_text("# Library policy\n\nLend at most 3 books.\n", encoding="utf-8")
-    (tmp / "library.yaml").write_text(
-        "domain: library\nrules:\n  - id: book_id_format\n    description: B + 4 digits.\n"
+    (tmp / "archive.yaml").write_text(
+        "domain: archive\nrules:\n  - id: book_id_format\n    description: B + 4 digits.\n"
         "    tools: [lend_book]\n    argument: book_id\n"
         '    schema: {type: string, pattern: "^B[0-9]{4}$"}\n',
         encoding="utf-8",
@@ -261,7 +266,7 @@ def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
         call = {"name": "lend_book", "arguments": {"book_id": book_id, "member_id": "m7"}}
         found = {"name": "find_book", "arguments": {"title": title}}
         return {
-            "system": "You are a library assistant.",
+            "system": "You are an archive assistant.",
             "tools": json.dumps([{k: v for k, v in t.items() if k != "x-kind"} for t in tools]),
             "conversations": [
                 {"from": "human", "value": f"I am member m7. Can I borrow {title}?"},
@@ -277,7 +282,7 @@ def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
 
     seeds = [seed("B0001", "Dune"), seed("B0002", "Emma"), seed("bad-id", "Ulysses")]
     (tmp / "seeds.jsonl").write_text("".join(json.dumps(s) + "\n" for s in seeds))
-    recipe = tmp / f"library-{pipeline}.yaml"
+    recipe = tmp / f"archive-{pipeline}.yaml"
     amplify = (
         f"llm: {{model: m, endpoints: [{{base_url: 'http://127.0.0.1:9/v1'}}]}}\n"
         f"amplify: {{target: 10, prompt: {ROOT / 'prompts/amplify.j2'}{extra}}}\n"
@@ -287,9 +292,9 @@ def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
         else ""
     )
     recipe.write_text(
-        f"name: library\npipeline: {pipeline}\n"
-        "domain: {name: library, tools: tools.json, policy: policy.md, rules: library.yaml}\n"
-        "seeds: {path: seeds.jsonl}\noutput: {dataset_name: library}\n" + amplify,
+        f"name: archive\npipeline: {pipeline}\n"
+        "domain: {name: archive, tools: tools.json, policy: policy.md, rules: archive.yaml}\n"
+        "seeds: {path: seeds.jsonl}\noutput: {dataset_name: archive}\n" + amplify,
         encoding="utf-8",
     )
     return recipe
@@ -298,13 +303,13 @@ def _library(tmp: Path, pipeline: str, extra: str = "") -> Path:
 def test_a_data_only_domain_runs_the_seed_checks_with_no_python(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(ConfigError, match="unknown domain 'library'"):
-        get_plugin("library")  # no plug-in, no code: only files
-    assert main([str(_library(tmp_path, "curate")), "--dry-run", "--json"]) == 0
+    with pytest.raises(ConfigError, match="unknown domain 'archive'"):
+        get_plugin("archive")  # no plug-in, no code: only files
+    assert main([str(_archive(tmp_path, "curate")), "--dry-run", "--json"]) == 0
     seeds = json.loads(capsys.readouterr().out)["seeds"]
     # The pack's own rule (book ids) rejects the third seed.
     assert seeds == {"read": 3, "valid": 2, "rejected": 1, "reasons": {"domain:book_id_format": 1}}
-    assert main([str(_library(tmp_path, "amplify")), "--dry-run", "--show-prompts"]) == 0
+    assert main([str(_archive(tmp_path, "amplify")), "--dry-run", "--show-prompts"]) == 0
     out = capsys.readouterr().out
     assert "seeds: 3 read, 2 valid" in out and "lend_book" in out
 
@@ -315,13 +320,14 @@ def test_a_data_only_domain_asking_for_grounding_names_the_domains_that_have_it(
     from factory.engine.jobs.amplify import preflight
 
     cfg = load_recipe(
-        _library(
+        _archive(
             tmp_path,
             "amplify",
             extra=f", grounding: {{mode: verify, prompt: {ROOT / 'prompts/amplify_grounded.j2'}}}",
         )
     )
-    with pytest.raises(ConfigError, match="unknown domain 'library'; known domains: airline"):
+    known = ", ".join(available_domains())
+    with pytest.raises(ConfigError, match=f"unknown domain 'archive'; known domains: {known}"):
         preflight(cfg)  # what a real run checks before it starts Ray or calls a model
 
 
@@ -329,7 +335,8 @@ def test_an_envsim_recipe_for_a_domain_without_a_sampler_fails_before_ray(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = str(ROOT / "pipelines" / "airline-envsim.yaml")
-    code = main([recipe, "-o", str(tmp_path / "out"), "--set", "domain.name=library"])
+    code = main([recipe, "-o", str(tmp_path / "out"), "--set", "domain.name=archive"])
     assert code == 2
-    assert "unknown domain 'library'; known domains: airline" in capsys.readouterr().err
+    known = ", ".join(available_domains())
+    assert f"unknown domain 'archive'; known domains: {known}" in capsys.readouterr().err
     assert not (tmp_path / "out" / "candidates").exists()

@@ -9,6 +9,7 @@ import pytest
 from factory.core.trajectory import ToolCall, Trajectory, Turn
 from factory.envs.airline import AirlineEnv
 from factory.envs.airline.world import generate_world, write_world
+from factory.envs.registry import available_domains
 from factory.envsim.fidelity import (
     FidelityReport,
     load_trajectories,
@@ -235,10 +236,13 @@ def test_cli_exit_codes_and_mismatch_file(
     assert set(row) == {"trajectory", "task_id", "step", "call", "expected", "got"}
 
 
+KNOWN = ", ".join(available_domains())
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["--domain", "hotel"], 2, "unknown domain 'hotel'; known domains: airline, retail"),
+        (["--domain", "hotel"], 2, f"unknown domain 'hotel'; known domains: {KNOWN} ("),
         (["--domain", "airline", "--rename", "nope"], 2, "OLD=NEW"),
         (["--domain", "airline", "--db", "/nonexistent"], 2, "cannot read"),
     ],

@@ -12,14 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +21,12 @@ import pytest
 from factory.core.trajectory import Trajectory
 from factory.io.readers import read_seeds
 from factory.simenv.runtime import EnvSettings, Runtime
-from factory.simenv.server import SimAction, SimClient, ThreadedServer, build_app
+from factory.simenv.server import ThreadedServer, build_app
 from factory.simenv.spec import DomainSpec
 from factory.simenv.tasks import Task, load_tasks
 from tests.conftest import ROOT
 from tests.helpers import EPISODES, episode_plan, play_remote, task_actions
+from tests.helpers.served import Served, episode_steps
 
 pytestmark = pytest.mark.shared
 
@@ -98,74 +91,6 @@ def test_64_concurrent_episodes_through_openenv_are_isolated(
 # --- the command a trainer's launcher runs: python -m factory.simenv serve ----------------------
 
 
-class _Served:
-    """A ``python -m factory.simenv serve`` process (its own session) and its stderr lines."""
-
-    def __init__(self, *args: str):
-        cmd = [sys.executable, "-m", "factory.simenv", "serve", *args, "--devserver"]
-        self.proc = subprocess.Popen(
-            [*cmd, "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.url = self._wait_for_url(deadline=time.monotonic() + 300)
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def _wait_for_url(self, deadline: float) -> str:
-        while True:
-            try:
-                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                self.kill()
-                pytest.fail(f"serve printed no URL in 300 s: {self.lines}")
-            if line is None:
-                pytest.fail(f"serve exited with {self.proc.wait()}: {self.lines}")
-            self.lines.append(line)
-            found = re.search(r"^serving .* on (http://\S+) ", line)
-            if found:
-                return found.group(1)
-
-    def stop(self) -> int:
-        """SIGTERM, as a launcher ends it; the exit code once it has shut down cleanly."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=120)
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        """End the process (if it still runs) and close its pipe once it is read to the end."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._reader.join(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
-        while not self._queue.empty():
-            line = self._queue.get_nowait()
-            if line is not None:
-                self.lines.append(line)
-
-
-async def _episode(url: str, task_id: str, actions: list[dict[str, Any]]) -> list[Any]:
-    """Reset ``task_id``, make ``actions``, end the conversation; every step's result."""
-    async with SimClient(base_url=url, connect_timeout_s=300, message_timeout_s=300) as env:
-        steps = [await env.reset(task_id=task_id, seed=0)]
-        for a in actions:
-            steps.append(await env.step(SimAction(tool_name=a["name"], arguments=a["arguments"])))
-        if not steps[-1].done:
-            steps.append(await env.step(SimAction(content="Everything is done.")))
-    return steps
-
-
 @pytest.mark.slow
 def test_serve_command_plays_retail_task_file_episodes_and_writes_rollouts_on_sigterm(
     retail_dir: Path, tmp_path: Path
@@ -187,13 +112,15 @@ def test_serve_command_plays_retail_task_file_episodes_and_writes_rollouts_on_si
         if t.actions and t.actions[-1]["name"] in writes and not t.outputs and succeeds(t)
     )  # fmt: skip
     out = tmp_path / "rollouts"
-    served = _Served(
+    served = Served(
         "--domain", "retail", "--mode", "executor", "--db", str(retail_dir),
         "--tasks", str(retail_dir / "replays-train.json"), "--rollouts", str(out),
     )  # fmt: skip
     try:
-        right = asyncio.run(_episode(served.url, task.task_id, task_actions(task, wrong=False)))
-        wrong = asyncio.run(_episode(served.url, task.task_id, task_actions(task, wrong=True)))
+        right = asyncio.run(
+            episode_steps(served.url, task.task_id, task_actions(task, wrong=False))
+        )
+        wrong = asyncio.run(episode_steps(served.url, task.task_id, task_actions(task, wrong=True)))
     finally:
         code = served.stop()
     assert code == 0, served.lines
@@ -219,13 +146,13 @@ def test_serve_command_derives_tasks_from_seeds_and_simulates_their_tools(
     folder.mkdir()
     (folder / "retail.jsonl").write_text(RETAIL_SEEDS.read_text(encoding="utf-8"), encoding="utf-8")
     (folder / "broken.jsonl").write_text("{not json\n", encoding="utf-8")
-    served = _Served(
+    served = Served(
         "--domain", "retail", "--mode", "llm", "--seeds", str(folder),
         "--cache", str(tmp_path / "cache"),
     )  # fmt: skip
     try:
         calls = [{"name": c.name, "arguments": c.arguments} for _, c in seed.calls()]
-        steps = asyncio.run(_episode(served.url, f"seed-{seed.id}", calls))
+        steps = asyncio.run(episode_steps(served.url, f"seed-{seed.id}", calls))
     finally:
         code = served.stop()
     assert code == 0, served.lines

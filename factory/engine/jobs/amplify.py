@@ -400,7 +400,7 @@ class AmplifyJob(Job):
             self.collector.seeds = list(kept)
             spec: list[StageSpec] = [
                 (build_amplify, (cfg, self.llm_settings["amplify"], kept, order)),
-                (build_postprocess, (cfg,)),
+                (build_postprocess, (cfg, kept)),
             ]
             add_chain("calls", spec)
             planner.clock["calls_started"] = _now()

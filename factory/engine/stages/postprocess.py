@@ -6,7 +6,8 @@ executable world; verify rejects a contradiction, ground replaces simulated
 observations) -> validation (tool schemas, so hallucinated tools are rejected;
 domain rules; LLaMA-Factory structure) -> trajectory labels -> export. Like
 Simia's last step, the system prompt the model saw while generating is replaced
-by the one the agent will be deployed with.
+by the one the agent will be deployed with: the pack's policy, or, for a pack without
+one, the system prompt of the row's own seed (never an empty or a stub one).
 
 Labels: with grounding, ``delta_size`` is the exact |Δ| from the executor;
 without, ``write_calls`` counts successful write calls (a different name, so a
@@ -21,6 +22,7 @@ the grammar in the system prompt and no tools column.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from factory.config import RecipeConfig
@@ -29,6 +31,7 @@ from factory.core.formats.completion import parse_output
 from factory.core.formats.textaction import parse_completion
 from factory.core.labels import action_labels, trajectory_labels
 from factory.core.neardup import signature_bytes
+from factory.core.trajectory import Trajectory
 from factory.core.validate import validate_rendered
 from factory.engine.quality import build_decontaminator, neardup_params
 from factory.engine.stages.amplify import grounding_world
@@ -51,15 +54,18 @@ _HERMES_FOOTER = (
 )
 
 
-def deployment_system_prompt(domain: Domain, fmt: str) -> tuple[str, bool]:
+def deployment_system_prompt(
+    domain: Domain, fmt: str, policy: str | None = None
+) -> tuple[str, bool]:
     """(system prompt, tools-in-column) for the output rows.
 
     ``json``: the policy only; tools go in the ``tools`` column and LLaMA-Factory's
     template renders them. ``hermes``: the policy plus a Hermes ``<tools>`` block,
     and no ``tools`` column (it would be rendered twice). A text-action domain: the
     policy plus its actions (``ActionGrammar.describe``), and no ``tools`` column.
+    ``policy`` replaces the domain's (a seed's own system prompt).
     """
-    policy = domain.policy.strip()
+    policy = (domain.policy if policy is None else policy).strip()
     if domain.grammar is not None:
         return f"{policy}\n\n# Actions\n\n{domain.grammar.describe()}".lstrip(), False
     if fmt == "hermes":
@@ -75,9 +81,16 @@ class PostprocessStage(Stage):
     name = "postprocess"
     requires = ("completion",)  # produces: id, output (accepted) or reason + raw (rejected)
 
-    def __init__(self, cfg: RecipeConfig):
+    def __init__(self, cfg: RecipeConfig, seeds: Mapping[str, str] | None = None):
         assert cfg.amplify is not None
         self.domain = load_domain(cfg)
+        self.format = cfg.amplify.system_prompt_format
+        # A pack without a policy: each row keeps the system prompt of its own seed.
+        self.seed_systems = (
+            {sid: Trajectory.from_json(rec).system for sid, rec in (seeds or {}).items()}
+            if not self.domain.policy.strip()
+            else {}
+        )
         self.reasoning = cfg.output.reasoning
         grounding = cfg.amplify.grounding
         self.mode = grounding.mode if grounding else None
@@ -99,6 +112,9 @@ class PostprocessStage(Stage):
         except RepairError as exc:
             return reject(row, self.name, exc.reason, str(exc), raw=row["completion"])
         traj.system = self.system
+        if self.seed_systems.get(row.get("seed_id") or ""):
+            own = self.seed_systems[row["seed_id"]]
+            traj.system = deployment_system_prompt(self.domain, self.format, own)[0]
         traj.tools = self.domain.tools
         traj.metadata.update(
             source=row.get("source"),
@@ -153,5 +169,9 @@ class PostprocessStage(Stage):
         return row
 
 
-def build_postprocess(cfg: RecipeConfig) -> PostprocessStage:
-    return PostprocessStage(cfg)
+def build_postprocess(
+    cfg: RecipeConfig, seeds: Mapping[str, str] | None = None
+) -> PostprocessStage:
+    """The stage; ``seeds`` (seed id -> record JSON) give a pack without a policy the
+    seeds' own system prompts."""
+    return PostprocessStage(cfg, seeds)

@@ -6,8 +6,6 @@ The machinery (copy-on-write forks, argument checks, ``Error: ...`` observations
 
 from __future__ import annotations
 
-from typing import Any
-
 from factory.envs.airline.tools import PARAMETERS, TOOLS, WRITE_TOOLS, write_targets
 from factory.envs.tables import TableWorld
 
@@ -25,12 +23,5 @@ class AirlineEnv(TableWorld):
     tools = TOOLS
     write_tools = WRITE_TOOLS
     parameters = PARAMETERS
-
-    @staticmethod
-    def generate(seed: int, **world: Any) -> dict[str, Any]:
-        from factory.envs.airline.world import generate_world
-
-        return generate_world(seed, **world)
-
-    def writes(self, name: str, arguments: dict[str, Any]) -> list[tuple[str, str]]:
-        return write_targets(self._state, name, arguments)
+    generator = "factory.envs.airline.world:generate_world"
+    write_targets = write_targets

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from datetime import date, timedelta
 from typing import Any
 
-from factory.core.trajectory import Trajectory
+from factory.envs.airline import AirlineEnv
 from factory.envs.airline.lookups import (
     FREE_BAGS,
     TODAY,
@@ -56,14 +56,12 @@ from factory.envs.airline.lookups import (
 from factory.envs.airline.tools import (
     NEW_CERTIFICATE_IDS,
     NOW,
-    PARAMETERS,
     WRITE_TOOLS,
     search_onestop_flight,
 )
-from factory.envs.base import Environment
-from factory.envs.episode import Abort, Episode, cast_user, episode_trajectory
+from factory.envs.episode import TRANSFERRED, Abort, Episode, ScenarioSampler
 
-__all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
+__all__ = ["DEFAULT_SYSTEM", "SAMPLER", "SCENARIOS", "default_tools", "sample_episode"]
 
 DEFAULT_SYSTEM = (
     "You are an airline customer service agent. The current time is 2024-05-15 15:00:00 EST. "
@@ -85,7 +83,6 @@ SCENARIOS: dict[str, float] = {
 }
 FOLLOWUPS = ("browse", "cancel", "change_flights", "change_cabin", "baggage", "passengers")
 FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
-TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
 _NAMES = ("Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Grace", "Hugo", "Ines", "Jonas", "Kai")
 _SURNAMES = ("Adams", "Baker", "Costa", "Dubois", "Evans", "Fischer", "Horvat", "Ivanova", "Jones")
 _TOPICS = (
@@ -97,24 +94,6 @@ _TOPICS = (
 
 Args = dict[str, Any]
 State = dict[str, Any]
-
-
-def default_tools() -> list[dict[str, Any]]:
-    """Bare specs of the 14 airline tools, without descriptions, with ``x-kind``.
-
-    Pass the domain pack's specs (``Domain.tools``) instead when the episodes are
-    meant for agent training: those carry the descriptions a model needs.
-    """
-
-    def kind(name: str) -> str:
-        if name in WRITE_TOOLS:
-            return "write"
-        return "read" if name.startswith(("get_", "search_", "list_")) else "generic"
-
-    return [
-        {"name": n, "description": "", "parameters": p, "x-kind": kind(n)}
-        for n, p in sorted(PARAMETERS.items())
-    ]
 
 
 # --- reading the state ----------------------------------------------------------------------
@@ -732,69 +711,24 @@ def _fits(state: State, scenario: str, user_id: str) -> bool:
     return card and any(_changeable(state, r, scenario) for r in active)
 
 
-def sample_episode(
-    env: Environment,
-    *,
-    rng: random.Random,
-    env_id: str,
-    invalid_share: float = 0.2,
-    violation_share: float = 0.05,
-    task_id: str | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    system: str = DEFAULT_SYSTEM,
-    scenarios: Mapping[str, float] | None = None,
-) -> Trajectory:
-    """Walk ``env`` through one episode and return it as a canonical trajectory.
+def _refresh_profile(ep: Episode) -> None:
+    """Before a follow-up the agent knows the profile as it is now (it saw every change)."""
+    ep.profile = json.loads(json.dumps(ep.state["users"][ep.user_id]))
 
-    Args:
-        env: a fresh fork of an airline world; it is stepped. It must validate
-            arguments (the ``AirlineEnv`` default) for wrong types to be refused.
-        rng: the episode's only source of randomness.
-        env_id: identity of the world (metadata and labels).
-        invalid_share: chance that a call is first made wrongly (see the module docstring).
-        violation_share: chance that the agent breaks a policy rule the tools accept.
-        task_id: provenance id of the episode.
-        tools: tool specs of the trajectory (default :func:`default_tools`).
-        system: the system prompt.
-        scenarios: scenario weights replacing :data:`SCENARIOS` (e.g. ``pileup: 0``
-            for policy-compliant episodes only).
 
-    Returns:
-        The trajectory. Metadata: ``env_id``, ``task_id``, ``user_id``, ``labels``
-        (trajectory labels with the episode's exact |Δ|), ``sampler`` (scenarios
-        played, mistakes, violations), ``source``, ``format``, ``id``.
-
-    The shares and weights are not checked here: ``factory.envsim.sampler`` checks
-    them once for every domain before calling this.
-    """
-    weights = SCENARIOS if scenarios is None else scenarios
-    start = env.copy()
-    drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
-    scenario, user_id = cast_user(env.state, rng, drawn, _fits)
-    ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
-    played = [scenario]
-    while True:
-        try:
-            closing = _RUN[scenario](ep)
-            ended = closing == TRANSFERRED
-        except Abort as stop:
-            closing, ended = str(stop.args[0]), True
-        ep.say(closing)
-        options = [s for s in FOLLOWUPS if _fits(ep.state, s, user_id)]
-        if ended or ep.profile is None or len(played) == 3 or not options:
-            break
-        if rng.random() >= FOLLOWUP_SHARE:
-            break
-        scenario = rng.choice(options)
-        played.append(scenario)
-        ep.profile = json.loads(json.dumps(ep.state["users"][user_id]))  # the agent keeps up
-    return episode_trajectory(
-        ep,
-        start,
-        system=system,
-        tools=tools if tools is not None else default_tools(),
-        env_id=env_id,
-        task_id=task_id,
-        played=played,
-        write_tools=WRITE_TOOLS,
-    )
+#: The airline's episodes (``factory.envs.episode.ScenarioSampler`` walks them).
+SAMPLER = ScenarioSampler(
+    run=_RUN,
+    weights=SCENARIOS,
+    followups=FOLLOWUPS,
+    fits=_fits,
+    episode=_Episode,
+    system=DEFAULT_SYSTEM,
+    default_tools=AirlineEnv.bare_tools,
+    write_tools=WRITE_TOOLS,
+    followup_share=FOLLOWUP_SHARE,
+    may_follow=lambda ep: ep.profile is not None,  # only a user the agent has identified
+    before_followup=_refresh_profile,
+)
+default_tools = SAMPLER.default_tools
+sample_episode = SAMPLER.sample_episode

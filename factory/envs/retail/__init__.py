@@ -33,15 +33,8 @@ class RetailEnv(TableWorld):
     tools = TOOLS
     write_tools = WRITE_TOOLS
     parameters = PARAMETERS
-
-    @staticmethod
-    def generate(seed: int, **world: Any) -> dict[str, Any]:
-        from factory.envs.retail.world import generate_world
-
-        return generate_world(seed, **world)
-
-    def writes(self, name: str, arguments: dict[str, Any]) -> list[tuple[str, str]]:
-        return write_targets(self._state, name, arguments)
+    generator = "factory.envs.retail.world:generate_world"
+    write_targets = write_targets
 
     def binding_problem(self, name: str, arguments: dict[str, Any]) -> str | None:
         """In the tool's own terms, or, with ``validate_arguments`` off (run calls as

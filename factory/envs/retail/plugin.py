@@ -1,100 +1,25 @@
-"""The retail domain as a plug-in: what the engine may ask of it, in one place.
+"""The retail domain as a plug-in: the table world and what is its own.
 
-Registered through the ``factory.domains`` entry point group in
-``pyproject.toml`` (``retail = "factory.envs.retail.plugin:plugin"``), the
-same hook the airline and any third-party domain use; importing this module
-registers nothing. Heavy parts import lazily so loading the plug-in stays cheap.
-
-The data pack (``prompts/retail/``, ``filters/retail.yaml``) is found in the tree
-when the package sits in a checkout; the development server's hooks are
-``factory.envs.retail.devserver``.
+Registered through the ``factory.domains`` entry point group in ``pyproject.toml``
+(``retail = "factory.envs.retail.plugin:plugin"``), the same hook the airline and any
+third-party domain use; importing this module registers nothing. Every other part is a
+default of a table world (``factory.envs.table_domain``).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from factory.envs.plugin import DomainPlugin
+from factory.envs.table_domain import table_plugin
 
-from factory.envs.base import Environment
-from factory.envs.plugin import DataPack, DomainPlugin, EpisodeSampling, Slicing
-
-__all__ = ["NAME", "plugin"]
-
-NAME = "retail"
-#: The shipped pack: ``prompts/retail/`` and ``filters/retail.yaml`` beside the package.
-_ROOT = Path(__file__).resolve().parents[3]
-
-
-def _environment(**kw: Any) -> Environment:
-    from factory.envs.retail import RetailEnv
-
-    return RetailEnv.create(**kw)
-
-
-def _slicing() -> Slicing:
-    from factory.envs.retail import RetailEnv
-    from factory.envs.retail.slices import project, slice_for
-
-    def world(state: dict[str, Any], like: Environment | None) -> Environment:
-        validate = getattr(like, "validate_arguments", True)
-        # copy(): the fork deep-copies what it writes, so ``state`` itself stays untouched.
-        return RetailEnv(state, validate_arguments=validate).copy()
-
-    return Slicing(slice_for=slice_for, project=lambda s, like: project(s, like=like), world=world)
-
-
-def _grounding(env: Environment) -> Any:
-    from factory.envs.retail.scenarios import RetailScenarios
-
-    return RetailScenarios(env)
-
-
-def _tool_functions() -> Mapping[str, Callable[..., Any]]:
-    from factory.envs.retail.tools import TOOLS
-
-    return TOOLS
-
-
-def _pack() -> DataPack | None:
-    tools = _ROOT / "prompts" / NAME / "tools.json"
-    if not tools.is_file():
-        return None
-    policy = _ROOT / "prompts" / NAME / "policy.md"
-    rules = _ROOT / "filters" / f"{NAME}.yaml"
-    return DataPack(
-        tools=tools,
-        policy=policy if policy.is_file() else None,
-        rules=rules if rules.is_file() else None,
-    )
+__all__ = ["plugin"]
 
 
 def plugin() -> DomainPlugin:
     """The retail plug-in (the entry point's target)."""
-    from factory.envs.retail import devserver, sampler
-    from factory.envs.retail.world import generate_world
+    from factory.envs.retail import RetailEnv, slices
+    from factory.envs.retail.sampler import SAMPLER
+    from factory.envs.retail.scenarios import RetailScenarios
 
-    return DomainPlugin(
-        name=NAME,
-        pack=_pack(),
-        environment=_environment,
-        world_sizes=frozenset(inspect.signature(generate_world).parameters) - {"seed"},
-        slicing=_slicing(),
-        tool_functions=_tool_functions,
-        sampler=EpisodeSampling(
-            scenarios=sampler.SCENARIOS,
-            system=sampler.DEFAULT_SYSTEM,
-            default_tools=sampler.default_tools,
-            sample_episode=sampler.sample_episode,
-        ),
-        grounding=_grounding,
-        devserver=devserver.devserver_hooks(_world_over),
+    return table_plugin(
+        "retail", RetailEnv, slices=slices, sampler=SAMPLER, grounding=RetailScenarios
     )
-
-
-def _world_over(state: dict[str, Any]) -> Environment:
-    """The retail world over a state the development server read from a prompt."""
-    from factory.envs.retail import RetailEnv
-
-    return RetailEnv(state)

@@ -44,12 +44,12 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from factory.core.trajectory import Trajectory
 from factory.envs.base import Environment
-from factory.envs.episode import Abort, Episode, cast_user, episode_trajectory
-from factory.envs.retail.tools import CANCEL_REASONS, PARAMETERS, WRITE_TOOLS
+from factory.envs.episode import TRANSFERRED, Abort, Episode, ScenarioSampler
+from factory.envs.retail import RetailEnv
+from factory.envs.retail.tools import CANCEL_REASONS, WRITE_TOOLS
 
-__all__ = ["DEFAULT_SYSTEM", "SCENARIOS", "default_tools", "sample_episode"]
+__all__ = ["DEFAULT_SYSTEM", "SAMPLER", "SCENARIOS", "default_tools", "sample_episode"]
 
 DEFAULT_SYSTEM = (
     "You are a retail customer service agent. Authenticate the user by email or by name and "
@@ -77,7 +77,6 @@ FOLLOWUPS = (
     "exchange",
 )
 FOLLOWUP_SHARE = 0.25  # chance of one more request after a finished one (at most 3 in all)
-TRANSFERRED = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
 _STREETS = (
     "Birch Road",
     "Harbor Way",
@@ -96,20 +95,6 @@ _GENERIC_MISTAKES = frozenset(
 
 Args = dict[str, Any]
 State = dict[str, Any]
-
-
-def default_tools() -> list[dict[str, Any]]:
-    """Bare specs of the 16 retail tools, without descriptions, with ``x-kind``."""
-
-    def kind(name: str) -> str:
-        if name in WRITE_TOOLS:
-            return "write"
-        return "read" if name.startswith(("get_", "find_", "list_")) else "generic"
-
-    return [
-        {"name": n, "description": "", "parameters": p, "x-kind": kind(n)}
-        for n, p in sorted(PARAMETERS.items())
-    ]
 
 
 # --- reading the state ------------------------------------------------------------------------
@@ -580,48 +565,17 @@ def _fits(state: State, scenario: str, user_id: str) -> bool:
     return any(_replaceable(state, o) for o in _orders(state, user_id, status))
 
 
-def sample_episode(
-    env: Environment,
-    *,
-    rng: random.Random,
-    env_id: str,
-    invalid_share: float = 0.2,
-    violation_share: float = 0.05,
-    task_id: str | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    system: str = DEFAULT_SYSTEM,
-    scenarios: Mapping[str, float] | None = None,
-) -> Trajectory:
-    """Walk ``env`` through one episode and return it as a canonical trajectory.
-
-    Args and returns as the airline's ``sample_episode`` (``factory.envsim.sampler``
-    checks the shares and weights for every domain before calling this).
-    """
-    weights = SCENARIOS if scenarios is None else scenarios
-    start = env.copy()
-    drawn = rng.choices(list(weights), weights=list(weights.values()))[0]
-    scenario, user_id = cast_user(env.state, rng, drawn, _fits)
-    ep = _Episode(env, rng, user_id, (invalid_share, violation_share))
-    played = [scenario]
-    while True:
-        try:
-            closing = _RUN[scenario](ep)
-            ended = closing == TRANSFERRED
-        except Abort as stop:
-            closing, ended = str(stop.args[0]), True
-        ep.say(closing)
-        options = [s for s in FOLLOWUPS if _fits(ep.state, s, user_id)]
-        if ended or len(played) == 3 or not options or rng.random() >= FOLLOWUP_SHARE:
-            break
-        scenario = rng.choice(options)
-        played.append(scenario)
-    return episode_trajectory(
-        ep,
-        start,
-        system=system,
-        tools=tools if tools is not None else default_tools(),
-        env_id=env_id,
-        task_id=task_id,
-        played=played,
-        write_tools=WRITE_TOOLS,
-    )
+#: The retail episodes (``factory.envs.episode.ScenarioSampler`` walks them).
+SAMPLER = ScenarioSampler(
+    run=_RUN,
+    weights=SCENARIOS,
+    followups=FOLLOWUPS,
+    fits=_fits,
+    episode=_Episode,
+    system=DEFAULT_SYSTEM,
+    default_tools=RetailEnv.bare_tools,
+    write_tools=WRITE_TOOLS,
+    followup_share=FOLLOWUP_SHARE,
+)
+default_tools = SAMPLER.default_tools
+sample_episode = SAMPLER.sample_episode

@@ -1,10 +1,10 @@
 """The development server answers retail prompts: amplification, grounded amplification,
-judge and simulator.
+judge and simulator, with no retail code of its own (``factory.devserver.oracle``).
 
-The grounded episodes and the simulator run on an executable retail world. Until the
-retail world is in the tree (``factory.envs.retail.RetailEnv``, from the retail branch),
-these tests run on the executor of ``seeds/retail/author.py`` (tau-bench's retail
-semantics on the seeds' store); with it, on the real world as well.
+The grounded answers replay a retail seed's plot and the simulator executes calls, on an
+executable retail world: the executor of ``seeds/retail/author.py`` (tau-bench's retail
+semantics on the seeds' store, registered as the retail world by ``retail_plugin``) and
+the real world (``factory.envs.retail.RetailEnv``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from factory.core.formats import parse_record
 from factory.core.formats.completion import render_output
 from factory.core.validate import validate
 from factory.devserver import grounded, simulate
+from factory.devserver.simulate import extract_block
 from factory.envs.base import Environment
 from factory.envs.pack import load_domain
 from factory.envs.plugin import DomainPlugin
 from factory.envs.registry import register_domain, reset_registry
-from factory.envs.retail import devserver as retail
 from factory.envsim.grounding import ENV_STATE_MARKER, render_scenario
 from tests.conftest import ROOT
 
@@ -136,12 +136,61 @@ def test_the_judge_keeps_every_retail_seed() -> None:
 
 
 # --- grounded amplification ----------------------------------------------------------------
-def test_read_state_knows_a_retail_state_only() -> None:
+PLOTS = {
+    "cancel": "cancel_pending_order",
+    "modify_items": "modify_pending_order_items",
+    "order_address": "modify_pending_order_address",
+    "payment": "modify_pending_order_payment",
+    "return": "return_delivered_order_items",
+    "exchange": "exchange_delivered_order_items",
+    "user_address": "modify_user_address",
+    "status": "get_order_details",
+    "profile": "get_user_details",
+}
+
+
+def seed_calling(tool: str) -> dict[str, Any]:
+    """The first seed whose agent calls ``tool`` and the store accepts it."""
+    for seed in SEEDS:
+        for name, _a, observation in calls(reference(seed)["messages"]):
+            if name == tool and not observation.startswith("Error"):
+                return seed
+    raise AssertionError(f"no seed calls {tool}")
+
+
+@pytest.fixture()
+def retail_plugin(world: Callable[[dict[str, Any]], Environment]) -> Iterator[None]:
+    """Retail registered with ``world`` as its environment (and its real pack)."""
+    from factory.devserver import domains
+    from factory.envs.registry import get_plugin
+
+    def environment(**kw: Any) -> Environment:
+        if "state" not in kw:
+            raise NotImplementedError("this test world is built from a state only")
+        if set(kw["state"]) != {"users", "orders", "products"}:
+            from factory.errors import ConfigError
+
+            raise ConfigError("not a retail state")
+        return world(kw["state"])
+
+    pack = get_plugin("retail").pack
+    register_domain(DomainPlugin("retail", pack=pack, environment=environment), replace=True)
+    domains.reset()
+    yield
+    reset_registry()
+    domains.reset()
+
+
+def test_a_retail_state_is_read_as_retail() -> None:
+    from factory.devserver import domains
+
     state = scenario("mia_ortiz_4821")
-    assert retail.read_state(state) is state
+    found = domains.world_over(state)
+    assert found is not None and found[0] == "retail"
     airline_like = {"users": state["users"], "flights": {}, "reservations": {}}
-    assert retail.read_state(airline_like) is None
-    assert retail.read_state({**state, "users": {}}) is None
+    other = domains.world_over(airline_like)
+    assert other is None or other[0] != "retail"
+    assert grounded.read_scenario(_prompt({**state, "users": {}}, SEEDS[0])) is None
 
 
 @pytest.mark.parametrize(
@@ -159,21 +208,22 @@ def test_read_state_knows_a_retail_state_only() -> None:
     ],
 )
 def test_grounded_episode_is_executed_on_the_scenario(
-    world: Callable[[dict[str, Any]], Environment], user_id: str, plot: str
+    retail_plugin: None, world: Callable[[dict[str, Any]], Environment], user_id: str, plot: str
 ) -> None:
     state = scenario(user_id)
     before = deepcopy(state)
-    tool = retail.PLOTS[plot]
-    answer = retail.grounded_trajectory(
-        state, random.Random(1), world=world, reference_tools=[tool] if tool else []
+    tool = PLOTS[plot]
+    ref = reference(seed_calling(tool))
+    answer = grounded.grounded_trajectory(
+        state, simulate.reference_messages(simulate.compile_reference(ref)), random.Random(1)
     )
     assert answer is not None and state == before  # the scenario is not modified
     messages = answer["messages"]
     check_valid(messages)
     played = [name for name, _a, _o in calls(messages)]
-    assert played[:2] == ["find_user_id_by_email", "get_user_details"]
-    if tool is not None:
-        assert tool in played
+    first = [name for name, _a, _o in calls(ref["messages"])][:2]
+    assert played[:2] == first  # the user is identified as the reference identifies them
+    assert tool in played  # this user's state allows the reference's plot
     replay = world(deepcopy(before))  # every observation is what the world answers
     for name, arguments, observation in calls(messages):
         assert replay.execute(name, arguments) == observation, name
@@ -185,53 +235,24 @@ def test_grounded_episode_is_executed_on_the_scenario(
                 assert messages[i - 1]["role"] == "user" and "Yes" in messages[i - 1]["content"]
 
 
-def test_a_state_that_cannot_be_played_gets_none(
-    world: Callable[[dict[str, Any]], Environment],
-) -> None:
-    state = scenario("mia_ortiz_4821")
-    state["users"]["mia_ortiz_4821"].pop("email")
-    assert retail.grounded_trajectory(state, random.Random(0), world=world) is None
-
-
-@pytest.fixture()
-def retail_plugin(world: Callable[[dict[str, Any]], Environment]) -> Iterator[None]:
-    """Retail registered with a world and the devserver hooks, as its plug-in wires them."""
-
-    def environment(**kw: Any) -> Environment:
-        if "state" not in kw:
-            raise NotImplementedError("this test world is built from a state only")
-        if retail.read_state(kw["state"]) is None:
-            from factory.errors import ConfigError
-
-            raise ConfigError("not a retail state")
-        return world(kw["state"])
-
-    def clear() -> None:
-        grounded._hooks.cache_clear()
-        grounded._enums.cache_clear()
-        simulate._vocabulary.cache_clear()
-
-    register_domain(
-        DomainPlugin("retail", environment=environment, devserver=retail.devserver_hooks(world)),
-        replace=True,
+def _prompt(state: dict[str, Any], seed: dict[str, Any]) -> str:
+    return (
+        f"{ENV_STATE_MARKER}\n```json\n{render_scenario(state)}\n```\n\n"
+        f"{simulate.AMPLIFY_MARKER}\n```json\n{json.dumps(reference(seed))}\n```\n"
     )
-    clear()
-    yield
-    reset_registry()
-    clear()
 
 
 def test_the_devserver_answers_a_grounded_retail_prompt(retail_plugin: None) -> None:
-    state = scenario("sofia_reyes_2290")
-    ref = reference(SEEDS[0])
-    text = (
-        f"{ENV_STATE_MARKER}\n```json\n{render_scenario(state)}\n```\n\n"
-        f"{simulate.AMPLIFY_MARKER}\n```json\n{json.dumps(ref)}\n```\n"
-    )
+    state = scenario("mia_ortiz_4821")
+    text = _prompt(state, seed_calling("cancel_pending_order"))
     shown = grounded.read_scenario(text)
     assert shown == state
+    block = extract_block(text, simulate.AMPLIFY_MARKER)
+    assert block is not None
+    compiled = simulate.reference_from_block(block)
+    assert compiled is not None
     answer = grounded.grounded_trajectory(
-        shown, random.Random(2), reference_tools=["cancel_pending_order"]
+        shown, simulate.reference_messages(compiled), random.Random(2)
     )
     assert answer is not None
     check_valid(answer["messages"])

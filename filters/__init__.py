@@ -1,0 +1,1 @@
+"""Package data, not code: setup.py ships this folder as ``factory.packs.filters``."""
