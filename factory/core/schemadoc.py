@@ -30,7 +30,8 @@ _MAX_DEPTH = 12  # a self-referencing schema would recurse forever; the recipe n
 class KeyDoc:
     """One documented key: its dotted path (``llm.endpoints[].base_url``), its type as
     a reader says it, its default as JSON (``required`` when it has none and must be
-    given, ``""`` when an object fills its own defaults) and its description."""
+    given, ``""`` when it is optional without one: a section that fills in its own
+    defaults) and its description."""
 
     path: str
     type: str
@@ -111,12 +112,10 @@ def _one_type(node: Mapping[str, Any], root: Mapping[str, Any]) -> str:
     return f"{kind} {bounds}" if bounds else str(kind)
 
 
-def _default(node: Mapping[str, Any], required: bool, nested: bool) -> str:
+def _default(node: Mapping[str, Any], required: bool) -> str:
     if "default" in node:
         return json.dumps(node["default"], ensure_ascii=False)
-    if required:
-        return "required"
-    return "" if nested else "none"
+    return "required" if required else ""  # optional: a section fills in its own
 
 
 def _description(node: Mapping[str, Any], root: Mapping[str, Any]) -> str:
@@ -166,7 +165,7 @@ def _walk(
         yield KeyDoc(
             path=path,
             type=type_name(prop, root),
-            default=_default(prop, name in required, bool(joint)),
+            default=_default(prop, name in required),
             description=_description(prop, root),
         )
         if joint:
@@ -221,7 +220,7 @@ def reference_markdown(schema: Mapping[str, Any], *, title: str, intro: str) -> 
         lines += [f"## {_code(top) if top else 'Top level'}", ""]
         lines += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
         for doc in docs:
-            default = doc.default if doc.default in ("", "required", "none") else _code(doc.default)
+            default = doc.default if doc.default in ("", "required") else _code(doc.default)
             lines.append(
                 f"| {_code(doc.path)} | {_cell(doc.type)} | {_cell(default)} "
                 f"| {_cell(doc.description)} |"

@@ -1,6 +1,6 @@
 """Open a page in a real headless browser (Debian's chromium, driven by Playwright).
 
-The browser is the system's (``apt-get install chromium``, README's install step);
+The browser is the system's (``apt-get install chromium``, docs/getting-started.md);
 Playwright downloads nothing. Tests that need it skip, saying why, when either
 is missing.
 """
@@ -22,7 +22,7 @@ def chromium_path() -> str:
         if found:
             break
     else:
-        pytest.skip("no chromium on PATH (README's install step: apt-get install -y chromium)")
+        pytest.skip("no chromium on PATH (docs/getting-started.md: apt-get install -y chromium)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -75,19 +75,7 @@ def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = F
         )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1600})
-            page.on(
-                "console",
-                lambda msg: check.console_errors.append(msg.text) if msg.type == "error" else None,
-            )
-            page.on("pageerror", lambda exc: check.console_errors.append(str(exc)))
-            page.on(
-                "request",
-                lambda req: (
-                    check.requests.append(req.url)
-                    if not req.url.startswith(("file:", "data:"))
-                    else None
-                ),
-            )
+            _watch(page, check)
             page.goto(path.resolve().as_uri(), wait_until="load", timeout=120_000)
             page.wait_for_function(
                 "Array.from(document.images).every(i => i.complete)", timeout=120_000
@@ -109,6 +97,58 @@ def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = F
         finally:
             browser.close()
     return check
+
+
+def _watch(page: Any, check: PageCheck) -> None:
+    """Record the page's console errors and every request that leaves the disk."""
+    page.on(
+        "console",
+        lambda msg: check.console_errors.append(msg.text) if msg.type == "error" else None,
+    )
+    page.on("pageerror", lambda exc: check.console_errors.append(str(exc)))
+    page.on(
+        "request",
+        lambda req: (
+            check.requests.append(req.url) if not req.url.startswith(("file:", "data:")) else None
+        ),
+    )
+
+
+@dataclass
+class SitePage:
+    """A documentation page as the browser drew it: what ``PageCheck`` records, the
+    targets of the navigation's links and the number of table rows."""
+
+    check: PageCheck
+    nav: list[str]
+    table_rows: int
+
+
+def open_site_page(path: Path, *, screenshot: Path | None = None) -> SitePage:
+    """Load a page of the built documentation site (file://), as a reader opens it from
+    disk, and report what ``SitePage`` holds."""
+    from playwright.sync_api import sync_playwright
+
+    check = PageCheck()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            _watch(page, check)
+            page.goto(path.resolve().as_uri(), wait_until="load", timeout=60_000)
+            check.title = page.title()
+            nav = page.evaluate(
+                "Array.from(document.querySelectorAll('nav.md-nav--primary a.md-nav__link'))"
+                ".map(a => a.getAttribute('href')).filter(h => h)"
+            )
+            rows = page.evaluate("document.querySelectorAll('.md-content table tbody tr').length")
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    return SitePage(check=check, nav=list(nav), table_rows=int(rows))
 
 
 def assert_readable(check: PageCheck) -> None:
