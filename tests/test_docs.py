@@ -62,9 +62,10 @@ def test_the_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     }
     for command in (install, test, offline):
         assert command in ci, f".ci/run does not run the README's {command!r}"
-    # The getting-started page opens with the same three.
-    page = (DOCS / "getting-started.md").read_text(encoding="utf-8")
-    assert _commands(_fenced(page)[0]) == [install, test, offline]
+    # The site's home and getting-started pages open with the same three.
+    for name in ("index.md", "getting-started.md"):
+        page = (DOCS / name).read_text(encoding="utf-8")
+        assert _commands(_fenced(page)[0]) == [install, test, offline], name
 
 
 def test_the_first_screen_holds_the_set_up_and_the_headline_command_with_its_cost() -> None:
