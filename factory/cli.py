@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
-    # A fixed width: the help is the same in every terminal, so README can quote it.
+    # A fixed width: the help is the same in every terminal, so docs/cli.md can quote it.
     return argparse.RawDescriptionHelpFormatter(prog, width=100)
 
 

@@ -29,6 +29,8 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
+from pydantic.json_schema import GenerateJsonSchema, NoDefault
+from pydantic_core import core_schema
 
 from factory import packs
 from factory.core.trajectory import canonical_json
@@ -72,6 +74,8 @@ class _Strict(BaseModel):
 
 
 class DomainConfig(_Strict):
+    """The domain: its name and its pack (tools, policy, rules; a grammar for text actions)."""
+
     name: str = Field(description="Domain name, e.g. 'airline'.")
     tools: str | None = Field(
         None,
@@ -93,6 +97,8 @@ class DomainConfig(_Strict):
 
 
 class SeedsConfig(_Strict):
+    """Where the seed trajectories are read from (curate and amplify recipes)."""
+
     path: str | list[str] | None = Field(
         None, description="File, folder or glob (or a list of them) of seed trajectories."
     )
@@ -120,6 +126,8 @@ class EndpointConfig(_Strict):
 
 
 class RetryConfig(_Strict):
+    """Retries of a retryable failure (429, 408, 5xx, timeouts, connection errors), with backoff."""
+
     max_attempts: int = Field(6, ge=1, description="Attempts per request, first included.")
     base_delay_s: float = Field(1.0, gt=0, description="First backoff delay.")
     max_delay_s: float = Field(60.0, gt=0, description="Cap on one backoff delay.")
@@ -241,6 +249,8 @@ class ServeConfig(_Strict):
 
 
 class LLMConfig(_Strict):
+    """The model and how it is called: endpoints, backend, concurrency, retries, deadlines."""
+
     model: str = Field(description="Model id, e.g. gpt-5, o4-mini, or a vLLM served name.")
     endpoints: list[EndpointConfig] = Field(
         default_factory=lambda: [
@@ -297,6 +307,8 @@ class LLMConfig(_Strict):
 
 
 class PrefilterConfig(_Strict):
+    """The LLM judge that decides which valid seeds are amplified."""
+
     enabled: bool = Field(True, description="Ask an LLM judge whether each valid seed is kept.")
     model: str | None = Field(None, description="Judge model (default: llm.model).")
     prompt: str = Field("../prompts/prefilter.j2", description="Judge prompt template.")
@@ -330,6 +342,8 @@ class GroundingConfig(_Strict):
 
 
 class AmplifyConfig(_Strict):
+    """The amplification job: target, prompts, grounding, budget caps."""
+
     target: int = Field(ge=1, description="Accepted trajectories to produce.")
     seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
     prompt: str = Field("../prompts/amplify.j2", description="Amplification prompt template.")
@@ -356,6 +370,8 @@ class AmplifyConfig(_Strict):
 
 
 class OutputConfig(_Strict):
+    """The output folder and the rows written to it."""
+
     dir: str = Field(
         "out",
         description="Output folder, relative to the working directory the run starts in "
@@ -381,6 +397,8 @@ class OutputConfig(_Strict):
 
 
 class RayConfig(_Strict):
+    """Where the run's Ray session comes from and the resources its workers take."""
+
     address: str | None = Field(
         None,
         description="Ray cluster to join (`ray://head:10001`, `head:6379`, `auto`). Unset: "
@@ -391,9 +409,8 @@ class RayConfig(_Strict):
     batch_size: int = Field(
         16,
         ge=1,
-        description="Rows per batch in CPU stages (seed checks, export). LLM stages take "
-        "small batches of their own (a request's slot is freed as soon as it is answered, "
-        "whatever its batch).",
+        description="No effect: the streaming engine sends each row to a worker as a slot "
+        "frees (issue 22); accepted so that older recipes still load.",
     )
     actors: int = Field(2, ge=1, description="Actors per LLM stage.")
     num_cpus: float = Field(
@@ -427,7 +444,10 @@ class EnvSimConfig(_Strict):
     )
     seed: int = Field(0, description="Seed of the episode sampler.")
     episodes_per_round: int = Field(
-        2000, ge=1, description="Episodes sampled before the quotas are checked again."
+        2000,
+        ge=1,
+        description="No effect: the streaming engine checks the quotas as each episode comes "
+        "back (issue 22); accepted so that older recipes still load.",
     )
     max_episodes: int = Field(
         60000, ge=1, description="Stop sampling here; unmet quotas are reported as shortfall."
@@ -456,6 +476,8 @@ class EnvSimConfig(_Strict):
 
 
 class MixtureConfig(_Strict):
+    """A mixture file's quotas, applied when the rows are selected."""
+
     path: str = Field(description="Mixture YAML (quotas per group), relative to the recipe.")
     seed: int = Field(0, description="Seed of the selection order.")
     exclude_task_ids: list[str | int] = Field(
@@ -528,6 +550,8 @@ class DecontamConfig(_Strict):
 
 
 class CacheConfig(_Strict):
+    """The response cache: every completed LLM answer, so none is paid for twice."""
+
     enabled: bool = Field(True, description="Reuse completed LLM responses (never pay twice).")
     path: str | None = Field(
         None,
@@ -587,9 +611,22 @@ class RecipeConfig(_Strict):
 # --- loading ---------------------------------------------------------------------------
 
 
+class _WithFactoryDefaults(GenerateJsonSchema):
+    """Also states the defaults made by a ``default_factory`` (an empty list, the vLLM
+    command line): an editor and the recipe reference then show them. A factory that
+    makes a section (``RetryConfig``) states none: the section's keys carry their own."""
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        factory = schema.get("default_factory")
+        if factory is None or schema.get("default_factory_takes_data"):
+            return super().get_default_value(schema)
+        value = factory()  # type: ignore[call-arg]
+        return NoDefault if isinstance(value, BaseModel) else value
+
+
 def json_schema() -> dict[str, Any]:
     """The recipe JSON Schema, generated from the models above."""
-    schema = RecipeConfig.model_json_schema()
+    schema = RecipeConfig.model_json_schema(schema_generator=_WithFactoryDefaults)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "factory recipe"
     return schema

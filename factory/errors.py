@@ -62,7 +62,7 @@ __all__ = [
     "short",
 ]
 
-# Documented in README ("Exit codes").
+# Documented in docs/cli.md ("Exit codes"; tests/test_docs.py checks the table).
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_CONFIG = 2

@@ -1,7 +1,7 @@
 """``python -m factory.run RECIPE``: the one command that runs a recipe.
 
 Parses arguments and calls one library function. Expected errors become a
-one-line message and a documented exit code (README, "Exit codes"):
+one-line message and a documented exit code (docs/cli.md, "Exit codes"):
 0 done, 1 internal error, 2 config error, 3 input error, 4 stopped by a budget
 cap, 5 stopped before the target (or not started: a confirmation declined), 6 output
 folder in use, 7 a write failed, 8 no LLM endpoint answers, 130 interrupted (Ctrl-C,

@@ -1,6 +1,6 @@
 """Shared fixtures: repository paths, the reference data folder, one Ray session, plug-in sites.
 
-Also the suite's two speeds (README, "Developing"): a test is ``slow`` when it starts Ray, a
+Also the suite's two speeds (docs/getting-started.md): a test is ``slow`` when it starts Ray, a
 process or a whole run. Everything under ``tests/e2e/`` and every test that uses the
 ``ray_session`` fixture or the ``ray`` marker is marked here; a test that starts a process
 marks itself. ``pytest -m "not slow"`` is the fast loop, and the guard below keeps it

@@ -1,4 +1,4 @@
-"""``factory``: one command for every tool, its ``--help`` the README's."""
+"""``factory``: one command for every tool, its ``--help`` the one docs/cli.md quotes."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from factory.cli import COMMANDS, build_parser, main
 from tests.conftest import ROOT
 
 
-def _readme_help() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _documented_help() -> str:
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     block = re.search(r"```text\n\$ factory --help\n(.*?)```", text, re.S)
-    assert block, "README.md must quote `factory --help` in a ```text block"
+    assert block, "docs/cli.md must quote `factory --help` in a ```text block"
     return block.group(1)
 
 
@@ -26,8 +26,8 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def test_help_matches_the_readme() -> None:
-    assert _squash(build_parser().format_help()) == _squash(_readme_help())
+def test_help_matches_the_docs() -> None:
+    assert _squash(build_parser().format_help()) == _squash(_documented_help())
 
 
 def test_every_command_is_listed_and_has_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +80,7 @@ def test_the_console_script_and_python_m_factory() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "factory", "--help"], capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0 and _squash(done.stdout) == _squash(_readme_help())
+    assert done.returncode == 0 and _squash(done.stdout) == _squash(_documented_help())
 
 
 @pytest.mark.parametrize("name", ["domain", "run"])

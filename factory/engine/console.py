@@ -161,7 +161,9 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
     ray_was_running = _ray_running()
     sys.stderr.flush()
     os.dup2(log_fd, 2)
-    sys.stderr = open(os.dup(log_fd), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    # Kept by name: whatever replaces sys.stderr during the block, this stream is closed.
+    ours = open(os.dup(log_fd), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    sys.stderr = ours
     logging.getLogger("factory").info("run started (pid %d); log %s", os.getpid(), log_path)
     try:
         yield log_path
@@ -173,8 +175,11 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
 
                 shutdown_ray()
         finally:
-            sys.stderr.flush()
-            sys.stderr.close()
+            if sys.stderr is not ours:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+            ours.flush()
+            ours.close()
             sys.stderr = previous_stderr
             os.dup2(saved_fd, 2)
             os.close(saved_fd)

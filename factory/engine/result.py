@@ -58,7 +58,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 only when the run did what was asked (README, "Exit codes")."""
+        """0 only when the run did what was asked (docs/cli.md, "Exit codes")."""
         if self.error is not None:
             return EXIT_WRITE
         if self.stopped_by == "unreachable":

@@ -4,6 +4,7 @@ stage, spend counts every stage, and a run short of its target does not exit 0."
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from factory.engine.runner import run
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, ConfigError
 from tests.conftest import ROOT
-from tests.helpers import dev_overrides, recipe
+from tests.helpers import dev_overrides, readme_commands, recipe
 
 PRICE = (
     "prices={factory-dev: {input_per_mtok: 2.0, cached_input_per_mtok: 2.0, output_per_mtok: 8.0}}"
@@ -66,22 +67,21 @@ def test_run_refuses_an_unpriced_cap_before_touching_the_folder(devserver, tmp_p
 
 @pytest.mark.ray
 def test_the_readme_offline_command_keeps_its_cap_and_counts_cost(
-    ray_session, tmp_path, capsys
+    ray_session, tmp_path, capsys, monkeypatch
 ) -> None:
+    """The README's third set-up command as written there, only its target smaller and
+    its output folder a temporary one (.ci/run runs it unchanged)."""
     from factory.run import main
 
+    command = shlex.split(readme_commands()[2])
+    assert command[:3] == [".venv/bin/python", "-m", "factory.run"], command
+    args = command[3:]
+    assert "amplify.target=500" in args and "--output" in args, args
+    args[args.index("amplify.target=500")] = "amplify.target=5"
     out = tmp_path / "o"
-    code = main(
-        [
-            str(ROOT / "pipelines/airline.yaml"),  # the README's recipe, as written there
-            "--devserver",
-            "--set",
-            "amplify.target=5",
-            "-o",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    args[args.index("--output") + 1] = str(out)
+    monkeypatch.chdir(ROOT)  # the bare recipe name resolves under pipelines/, as from a clone
+    code = main([*args, "--no-progress"])
     assert code == 0, capsys.readouterr().err[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["cost_usd"] > 0  # the dev model is priced, so the recipe's cap can act

@@ -174,7 +174,7 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
     assert json.loads((out / "manifest.json").read_text())["responses_from_cache"] > 0
 
 
-# --- the README's cluster quick-start, for real ------------------------------------------
+# --- docs/cluster.md's quick-start, for real ----------------------------------------------
 
 
 # What the dashboard answers a job submitted before its agent registered (Ray 2.60).
@@ -182,9 +182,9 @@ NO_AGENT = "No available agent to submit job"
 
 
 def _quick_start_blocks() -> tuple[str, str]:
-    """The two shell blocks of README's "Local quick-start on a Ray cluster" section."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Local quick-start on a Ray cluster", 1)[1].split("\n## ", 1)[0]
+    """The two shell blocks of docs/cluster.md's "Local quick-start on a Ray cluster"."""
+    text = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
+    section = text.split("## Local quick-start on a Ray cluster", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```bash\n")[1:]]
     assert len(blocks) == 2, "the quick-start has a head block and a submit block"
     return blocks[0], blocks[1]
@@ -204,16 +204,16 @@ def _http_ok(url: str, token: str) -> bool:
 
 @pytest.mark.ray
 @pytest.mark.timeout(1800)
-def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
-    """Starts a real Ray head on 127.0.0.1 (token authentication on) with the README's
+def test_the_documented_cluster_quick_start_works_as_written(tmp_path) -> None:
+    """Starts a real Ray head on 127.0.0.1 (token authentication on) with docs/cluster.md's
     commands, only the ports swapped for free ones and the folders for temporary ones,
-    submits the README's `ray job submit` and checks the job's exit and output."""
+    submits its `ray job submit` and checks the job's exit and output."""
     import re
 
     head, submit = _quick_start_blocks()
     fixed = re.findall(r"--[a-z-]*port (\d+)", head)
     lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", head))
-    base = free_port()  # worker ports: a range of the README's width from a free port
+    base = free_port()  # worker ports: a range of the documented width from a free port
     workers = range(base, base + highest - lowest + 1)
     ports = {str(lowest): str(base), str(highest): str(workers[-1])}
     for p in fixed:
@@ -294,7 +294,7 @@ def test_the_readme_cluster_quick_start_works_as_written(tmp_path) -> None:
                 timeout=900,
             )
             # Refused before a job existed, with Ray's "please try again later" (what the
-            # README tells a person to do): nothing ran, so submitting again is the same job.
+            # docs tell a person to do): nothing ran, so submitting again is the same job.
             if NO_AGENT not in job.stdout + job.stderr:
                 break
             time.sleep(5)

@@ -14,11 +14,12 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import datasets
 import polars as pl
 import psutil
+from pydantic import BaseModel
 
 from factory.config import RecipeConfig, load_recipe
 from factory.core.formats import parse_record
@@ -30,6 +31,41 @@ from tests.helpers import lfcompat
 if TYPE_CHECKING:
     from factory.simenv.runtime import Runtime
     from factory.simenv.tasks import Task
+
+
+def readme_commands() -> list[str]:
+    """The README's set-up commands, in order (install, test, the offline amplification
+    run): the lines of its first ```bash block that are not comments."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block, "README.md must give its set-up commands in a ```bash block"
+    lines = (line.strip() for line in block.group(1).splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def model_field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every field path of a pydantic model, nested models followed, written as the
+    recipe reference writes them (``llm.endpoints[].base_url``, ``prices.<name>.x``)."""
+    paths = set()
+    for name, info in model.model_fields.items():
+        path = prefix + name
+        paths.add(path)
+        nested = _nested_model(info.annotation)
+        if nested is not None:
+            origin = str(info.annotation)
+            joint = "[]." if "list[" in origin else ".<name>." if "dict[" in origin else "."
+            paths |= model_field_paths(nested, path + joint)
+    return paths
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def recipe(name: str, out: Path, *overrides: str) -> RecipeConfig:

@@ -1,13 +1,15 @@
 """Open a page in a real headless browser (Debian's chromium, driven by Playwright).
 
-The browser is the system's (``apt-get install chromium``, README's install step);
+The browser is the system's (``apt-get install chromium``, docs/getting-started.md);
 Playwright downloads nothing. Tests that need it skip, saying why, when either
 is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ def chromium_path() -> str:
         if found:
             break
     else:
-        pytest.skip("no chromium on PATH (README's install step: apt-get install -y chromium)")
+        pytest.skip("no chromium on PATH (docs/getting-started.md: apt-get install -y chromium)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -62,19 +64,20 @@ _STRUCTURE = """() => {
 }"""
 
 
-def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = False) -> PageCheck:
-    """Load ``path`` (file://) and report console errors, outside requests, how each
-    ``img.plot`` rendered (complete, natural size, size on the page) and the structure
-    of the sections (``PageCheck``); ``screenshot`` saves what the browser drew."""
+@contextlib.contextmanager
+def _loaded(
+    path: Path, check: PageCheck, *, width: int, height: int, timeout_ms: int
+) -> Iterator[Any]:
+    """A chromium page with ``path`` (file://) loaded, its console errors and its
+    requests off the disk recorded in ``check``; the browser closes on exit."""
     from playwright.sync_api import sync_playwright
 
-    check = PageCheck()
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"]
         )
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.on(
                 "console",
                 lambda msg: check.console_errors.append(msg.text) if msg.type == "error" else None,
@@ -88,27 +91,61 @@ def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = F
                     else None
                 ),
             )
-            page.goto(path.resolve().as_uri(), wait_until="load", timeout=120_000)
-            page.wait_for_function(
-                "Array.from(document.images).every(i => i.complete)", timeout=120_000
-            )
+            page.goto(path.resolve().as_uri(), wait_until="load", timeout=timeout_ms)
             check.title = page.title()
-            check.plots = page.evaluate(
-                """Array.from(document.querySelectorAll('img.plot')).map(i => ({
-                    alt: i.alt, complete: i.complete, width: i.naturalWidth,
-                    height: i.naturalHeight, shown: i.getBoundingClientRect().width}))"""
-            )
-            found = page.evaluate(_STRUCTURE)
-            check.nested_tables, check.sections, check.more = (
-                found["nested"],
-                found["sections"],
-                found["more"],
-            )
-            if screenshot is not None:
-                page.screenshot(path=str(screenshot), full_page=full_page)
+            yield page
         finally:
             browser.close()
+
+
+def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = False) -> PageCheck:
+    """Load ``path`` (file://) and report console errors, outside requests, how each
+    ``img.plot`` rendered (complete, natural size, size on the page) and the structure
+    of the sections (``PageCheck``); ``screenshot`` saves what the browser drew."""
+    check = PageCheck()
+    with _loaded(path, check, width=1280, height=1600, timeout_ms=120_000) as page:
+        page.wait_for_function(
+            "Array.from(document.images).every(i => i.complete)", timeout=120_000
+        )
+        check.plots = page.evaluate(
+            """Array.from(document.querySelectorAll('img.plot')).map(i => ({
+                alt: i.alt, complete: i.complete, width: i.naturalWidth,
+                height: i.naturalHeight, shown: i.getBoundingClientRect().width}))"""
+        )
+        found = page.evaluate(_STRUCTURE)
+        check.nested_tables, check.sections, check.more = (
+            found["nested"],
+            found["sections"],
+            found["more"],
+        )
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=full_page)
     return check
+
+
+@dataclass
+class SitePage:
+    """A documentation page as the browser drew it: what ``PageCheck`` records, the
+    targets of the navigation's links and the number of table rows."""
+
+    check: PageCheck
+    nav: list[str]
+    table_rows: int
+
+
+def open_site_page(path: Path, *, screenshot: Path | None = None) -> SitePage:
+    """Load a page of the built documentation site (file://), as a reader opens it from
+    disk, and report what ``SitePage`` holds."""
+    check = PageCheck()
+    with _loaded(path, check, width=1400, height=1100, timeout_ms=60_000) as page:
+        nav = page.evaluate(
+            "Array.from(document.querySelectorAll('nav.md-nav--primary a.md-nav__link'))"
+            ".map(a => a.getAttribute('href')).filter(h => h)"
+        )
+        rows = page.evaluate("document.querySelectorAll('.md-content table tbody tr').length")
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot))
+    return SitePage(check=check, nav=list(nav), table_rows=int(rows))
 
 
 def assert_readable(check: PageCheck) -> None:

@@ -130,7 +130,7 @@ def test_mini_is_not_priced_as_its_bigger_sibling() -> None:
     assert table.lookup("gpt-5-pico") is None  # no prefix matching: unknown stays unpriced
 
 
-# Every model the README, the recipes and the issue name (gpt-4.1 family included).
+# Every model the README, the docs, the recipes and the issue name (gpt-4.1 family included).
 NAMED_MODELS = {
     "gpt-5", "gpt-5-mini", "gpt-5-nano", "o3", "o4-mini", "gpt-4o", "gpt-4o-mini",
     "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano",
@@ -144,6 +144,7 @@ def test_the_price_table_is_dated_sourced_and_complete_for_the_named_models() ->
     from tests.conftest import ROOT
 
     texts = [(ROOT / "README.md").read_text()]
+    texts += [p.read_text() for p in (ROOT / "docs").rglob("*.md")]
     texts += [p.read_text() for p in (ROOT / "pipelines").glob("*.yaml")]
     named = {
         m
