@@ -242,6 +242,7 @@ def load_or_error(raw: Any, items: list[str]) -> None:
 @example(copy.deepcopy(BASE), ["llm.endpoints.\u00b2=x"])
 @example({**copy.deepcopy(BASE), None: 1, "zz": 2}, [])
 @example(copy.deepcopy(BASE), ["llm.sampling={1: 2}"])
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_load_recipe_returns_a_config_or_names_the_key(
     raw: dict[str, Any], items: list[str]
 ) -> None:
@@ -294,6 +295,7 @@ cli_overrides = st.one_of(
 @example(["pipeline=" + "x" * 5000])
 @example(["name=[unclosed"])
 @example(["-x"])
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_cli_exits_2_with_one_line_naming_the_key(offline: None, items: list[str]) -> None:
     argv = [str(RECIPE), "--dry-run", "--json", "--set=seeds.limit=1"]
     argv += [f"--set={item}" for item in items]

@@ -258,6 +258,7 @@ def test_amplify_is_fast_on_a_long_reference() -> None:
 
 
 @pytest.mark.shared
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_amplify_on_taubench_stays_valid_against_the_tool_schemas(taubench_dir: Path) -> None:
     tools = {t["name"]: t["parameters"] for t in _bare_tools(taubench_dir / "tools.json")}
     episodes = json.loads((taubench_dir / "gpt-4o-airline.json").read_text())

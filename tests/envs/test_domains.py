@@ -32,6 +32,7 @@ TABLES = [d for d in GENERATED if isinstance(generate_environment(d, 0), TableWo
 
 
 @pytest.mark.parametrize("domain", GENERATED)
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_a_generated_world_is_the_same_for_a_seed_and_forks_independently(domain: str) -> None:
     env = generate_environment(domain, 4)
     assert json.dumps(env.state, sort_keys=True) == json.dumps(
@@ -89,6 +90,7 @@ def recorded(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("recorded", TABLES, indirect=True)
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_the_default_slicing_is_exact_on_every_table_world(recorded: str) -> None:
     """The records a call touches are enough to run it again: sampled episodes of every
     table-world domain, decomposed and checked with the default slicing instead of theirs."""

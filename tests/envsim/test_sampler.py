@@ -181,6 +181,7 @@ def test_payments_follow_the_state(run: list[tuple[Trajectory, list[StepSample]]
 # --- the 10k-step property ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_ten_thousand_steps_apply_exactly(sampler: EpisodeSampler) -> None:
     """apply(Δ, s) == s' on >= 10k sampled steps (check=True adds slice sufficiency)."""
     started = time.perf_counter()

@@ -371,6 +371,7 @@ def test_slow_reply_times_out(server: ScriptedServer) -> None:
     assert time.monotonic() - started < 8.0  # cut by the timeout, not the reply
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_timeout_then_success_on_retry(server: ScriptedServer) -> None:
     # A timeout generous enough that the immediate second reply cannot miss it on a busy
     # machine; the first reply comes far later than it.

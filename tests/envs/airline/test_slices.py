@@ -49,6 +49,7 @@ def taubench(taubench_dir: Path) -> tuple[AirlineEnv, list[dict[str, Any]]]:
     return AirlineEnv.from_dir(taubench_dir), records
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_every_recorded_step_slices_exactly(taubench: tuple[AirlineEnv, list]) -> None:
     base, records = taubench
     steps, changed = 0, 0

@@ -45,6 +45,7 @@ def test_the_card_has_the_hub_metadata_and_the_provenance(tmp_path: Path) -> Non
     assert "10.0.0.7" not in card  # the operator's endpoints are not the dataset's business
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_a_license_once_set_stays_when_the_card_is_written_again(tmp_path: Path) -> None:
     from factory.io.report import write_documents
     from factory.io.runstate import GENERATED
@@ -222,6 +223,7 @@ def _serve_hub(status: int, body: bytes) -> tuple[Any, str]:
         (500, ["the Hub answered 500 for me/airline", "try again later"]),
     ],
 )
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_hub_and_network_failures_are_one_line_and_exit_8(
     status: int | None,
     words: list[str],

@@ -218,6 +218,7 @@ async def _run_until_submitted(backend: BatchBackend, requests: list[LLMRequest]
 
 
 @pytest.mark.parametrize("unconfirmed", [False, True])
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_a_restarted_backend_reattaches_and_submits_nothing_twice(
     devserver, tmp_path, unconfirmed: bool
 ) -> None:
@@ -312,6 +313,7 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
     assert sum(1 for r in _log(log) if r.get("kind") == "batch_submit") == 6
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, tmp_path) -> None:
     """Batch answers come long after submission: each call reserves its estimated cost at
     the Batch price when the driver issues it, so a cap smaller than the whole batch stops
