@@ -199,7 +199,9 @@ def input_paths(raw: Any, items: list[str]) -> set[str]:
 def names_input_path(message: str, raw: Any, items: list[str]) -> bool:
     """Whether ``message`` (``<key path>: ...``) starts with a path of the input, or a
     missing recipe key under one. Paths are compared as the CLI prints them (one line)."""
-    known = input_paths(raw, items)
+    # The recipe file is YAML: keys are compared as they read back from it (a NEL inside a
+    # quoted key folds to a space, for one).
+    known = input_paths(yaml.safe_load(yaml.safe_dump(raw, allow_unicode=True)), items)
     candidates = SPECIAL | known
     candidates |= {f"{p}.{leaf}" if p else leaf for p in {"", *known} for leaf in SCHEMA_KEYS}
     return any(message.startswith(f"{one_line(c)}: ") for c in candidates)

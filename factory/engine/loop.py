@@ -191,9 +191,9 @@ def drive(
                 stop = why
                 pool.stop(why)
         if progress is not None:
-            progress.show(planner.bars())
+            progress.show(with_spend(planner.bars(), ledger))
     if progress is not None:
-        progress.show([_done(b) for b in planner.bars()])
+        progress.show([_done(b) for b in with_spend(planner.bars(), ledger)])
     if stop == NOT_NEEDED:
         pool.resume()
         stop = None
@@ -213,6 +213,16 @@ def _check_admitted(items: list[Item], llm_room: int) -> None:
     n = sum(1 for i in items if i.llm)
     if n > llm_room:
         raise RuntimeError(f"planner issued {n} LLM items with room for {llm_room}")
+
+
+def with_spend(bars: list[Bar], ledger: Ledger) -> list[Bar]:
+    """The job's bars, the last (its main one) with the run's tokens and the dollars this
+    run paid (answers replayed from the cache cost nothing): what the manifest will say."""
+    if not bars or not ledger.calls:
+        return bars
+    last = bars[-1]
+    spend = {"tok": ledger.run_tokens, "usd": f"{ledger.paid_usd:.2f}"}
+    return [*bars[:-1], Bar(last.name, last.n, last.total, {**last.postfix, **spend}, last.done)]
 
 
 def _done(bar: Bar) -> Bar:

@@ -214,8 +214,20 @@ class ActorPool:
             self._submits, num_returns=len(self._submits), timeout=0
         )
         for ref in done:
-            with contextlib.suppress(Exception):  # a dead actor shows on its collect call
+            try:
                 self._ray.get(ref)
+            except (
+                self._ray.exceptions.RayActorError,
+                self._ray.exceptions.ActorUnavailableError,
+            ):
+                continue  # a dead actor shows on its collect call, which re-issues its items
+            except self._ray.exceptions.RayTaskError as exc:
+                # A stage that cannot be built (a recipe error only the actor finds, as a
+                # bad world size): nothing of that chain can ever finish, so the run ends
+                # with the stage's own error rather than waiting forever.
+                log.info("a worker could not build a stage. Traceback (in the worker):\n%s", exc)
+                cause = exc.cause if isinstance(exc.cause, Exception) else exc
+                raise cause from None
 
     def _lost(self, slot: _Slot, exc: BaseException) -> None:
         """An actor died: give its work to its restarted self, or to the others."""

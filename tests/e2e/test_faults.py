@@ -65,24 +65,26 @@ def test_stalls_and_a_heavy_tail_cost_a_bounded_multiple_of_a_clean_run(
 
 
 def _cli_lines(args: list[str]) -> tuple[int, list[tuple[float, str]]]:
-    """Run the CLI, each stderr line with the time it came."""
+    """Run the CLI, each line of its output (stdout and stderr) with the time it came."""
     import os
     import subprocess
     import tempfile
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")}
     env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ru", dir="/tmp")
-    proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
     lines: list[tuple[float, str]] = []
-    try:
-        for line in proc.stderr:
-            lines.append((time.monotonic(), line.rstrip()))
-        return proc.wait(timeout=600), lines
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                lines.append((time.monotonic(), line.rstrip()))
+            return proc.wait(timeout=600), lines
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.slow

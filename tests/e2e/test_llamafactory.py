@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
 import pytest
 import yaml
 
@@ -23,38 +22,14 @@ from tests.helpers import assert_rows_valid, dev_overrides, lfcompat, read_rows,
 pytestmark = pytest.mark.ray
 
 
-def converted(lf: lfcompat.LF, out: Path) -> tuple[int, list[dict]]:
-    info = json.loads((out / "dataset_info.json").read_text())
-    ((_, entry),) = info.items()
-    attr = lfcompat.DatasetAttr.from_info(entry)
-    ds = datasets.load_dataset("parquet", data_dir=str(out / entry["file_name"]), split="train")
-    conv = lf.converter.get_dataset_converter(attr.formatting, attr, lfcompat.DataArgs())
-    rows = [conv(example) for example in ds]
-    return ds.num_rows, rows
-
-
-def check_rows(lf: lfcompat.LF, rows: list[dict]) -> None:
-    fmt = lf.formatter.FunctionFormatter(slots=["{{content}}"], tool_format="default")
-    tools_util = lf.tool_utils.get_tool_utils("default")
-    for row in rows:
-        prompt, response = row["_prompt"], row["_response"]
-        # LLaMA-Factory's supervised preprocess drops anything else ("Dropped invalid example").
-        assert len(prompt) % 2 == 1 and len(response) == 1, row
-        for message in [*prompt, *response]:
-            if message["role"] == "function":
-                fmt.apply(content=message["content"], thought_words=("<think>", "</think>"))
-        if row["_tools"]:
-            assert tools_util.tool_formatter(json.loads(row["_tools"]))
-
-
 @pytest.mark.parametrize("name", ["airline-seeds.yaml", "os-seeds.yaml"])
 def test_curated_seeds_load_with_zero_drops(ray_session, tmp_path: Path, name: str) -> None:
     lf = lfcompat.load()
     lfcompat.LOGGER.warnings.clear()
     result = run(recipe(name, tmp_path), tmp_path, progress=False)
-    n, rows = converted(lf, tmp_path)
+    n, rows = lfcompat.converted(lf, tmp_path)
     assert n == len(rows) == result.totals["total"] > 30  # every seed, none dropped
-    check_rows(lf, rows)
+    lfcompat.check_rows(lf, rows)
     assert lfcompat.LOGGER.warnings == []
 
 
@@ -99,9 +74,9 @@ def test_amplified_text_action_rows_load_with_zero_drops(
     # the judge saw every seed and kept them all (they are valid in the grammar)
     assert manifest["by_stage"]["prefilter"]["tokens"]["prompt_tokens"] > 0
     assert manifest["seeds"]["kept"] == manifest["seeds"]["total"] >= 30
-    n, rows = converted(lf, out)
+    n, rows = lfcompat.converted(lf, out)
     assert n == len(rows) == (36 if mixture is None else manifest["mixture"]["written"]) > 0
-    check_rows(lf, rows)
+    lfcompat.check_rows(lf, rows)
     assert lfcompat.LOGGER.warnings == []
     written = read_rows(out)
     assert_rows_valid(cfg, written)
@@ -126,9 +101,9 @@ def test_taubench_trajectories_load_with_zero_drops(
         f"output.reasoning={reasoning}",
     )
     result = run(cfg, tmp_path, progress=False)
-    n, rows = converted(lf, tmp_path)
+    n, rows = lfcompat.converted(lf, tmp_path)
     assert n == result.totals["accepted"] >= 190
-    check_rows(lf, rows)
+    lfcompat.check_rows(lf, rows)
     assert lfcompat.LOGGER.warnings == []
     thinks = sum("<think>" in m["content"] for r in rows for m in r["_prompt"] + r["_response"])
     assert (thinks > 0) == (reasoning == "keep")

@@ -349,7 +349,7 @@ def test_an_actor_killed_mid_run_is_restarted_and_nothing_is_lost(
         while time.time() < deadline and not killed:
             if _cache_entries(out) >= 30:
                 for proc in psutil.process_iter(["cmdline"]):
-                    if "AsyncStageUDF" in " ".join(proc.info["cmdline"] or []):
+                    if "ray::WorkerActor" in " ".join(proc.info["cmdline"] or []):
                         proc.kill()
                         killed.append(proc.pid)
                         return

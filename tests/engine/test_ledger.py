@@ -122,3 +122,21 @@ def test_the_timeline_spans_the_run_and_stays_small() -> None:
         ledger.arrived(ItemResult("calls", k, []))
     points = ledger.manifest_fields()["timeline"]["points"]
     assert len(points) <= 401 and points[-1][6] == 1000  # results arrived, last column
+
+
+def test_the_main_progress_bar_shows_the_run_tokens_and_what_this_run_paid() -> None:
+    from factory.engine.loop import Bar, with_spend
+
+    ledger = Ledger()
+    bars = [Bar("seeds checked", 3, 3), Bar("accepted", 1, 10, {"calls": 2})]
+    assert with_spend(bars, ledger) == bars  # nothing called yet: nothing to show
+    ledger.arrived(ItemResult("calls", 0, [_row("amplify", cost=0.5)]))
+    ledger.arrived(ItemResult("calls", 1, [_row("amplify", cost=0.5, cached=True)]))
+    seeds, main = with_spend(bars, ledger)
+    assert seeds == bars[0]
+    tokens = ledger.manifest_fields()["tokens"]
+    assert main.postfix == {
+        "calls": 2,
+        "tok": tokens["prompt_tokens"] + tokens["completion_tokens"],
+        "usd": "0.50",  # the cached answer was paid by an earlier run
+    }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import sys
 import types
 from dataclasses import dataclass, field
@@ -167,3 +168,31 @@ def tool_templates() -> set[str]:
         if name and "format_tools=" in body:
             found.add(name.group(1))
     return found
+
+
+def converted(lf: LF, out: Path) -> tuple[int, list[dict]]:
+    """An output folder's rows as LLaMA-Factory's own converter makes them, with the count read."""
+    import datasets
+
+    info = json.loads((out / "dataset_info.json").read_text())
+    ((_, entry),) = info.items()
+    attr = DatasetAttr.from_info(entry)
+    ds = datasets.load_dataset("parquet", data_dir=str(out / entry["file_name"]), split="train")
+    conv = lf.converter.get_dataset_converter(attr.formatting, attr, DataArgs())
+    rows = [conv(example) for example in ds]
+    return ds.num_rows, rows
+
+
+def check_rows(lf: LF, rows: list[dict]) -> None:
+    """Each converted row passes LLaMA-Factory's supervised filter and its formatters."""
+    fmt = lf.formatter.FunctionFormatter(slots=["{{content}}"], tool_format="default")
+    tools_util = lf.tool_utils.get_tool_utils("default")
+    for row in rows:
+        prompt, response = row["_prompt"], row["_response"]
+        # LLaMA-Factory's supervised preprocess drops anything else ("Dropped invalid example").
+        assert len(prompt) % 2 == 1 and len(response) == 1, row
+        for message in [*prompt, *response]:
+            if message["role"] == "function":
+                fmt.apply(content=message["content"], thought_words=("<think>", "</think>"))
+        if row["_tools"]:
+            assert tools_util.tool_formatter(json.loads(row["_tools"]))

@@ -394,8 +394,7 @@ def test_rollouts_are_sharegpt_rows_llamafactory_reads(runtime_for, tmp_path: Pa
 
     from factory.simenv.rollout import RolloutWriter
     from tests.helpers import lfcompat
-
-    from .test_llamafactory_compat import check_rows, converted
+    from tests.helpers.lfcompat import check_rows, converted
 
     rt = runtime_for("executor")
     task = _write_task(rt)
