@@ -155,7 +155,12 @@ class DeadlineConfig(_Strict):
         "of p99 = 10 x median, 4 cuts about 3 in 10,000 healthy answers.",
     )
     floor_s: float = Field(
-        5.0, gt=0, description="Shortest adaptive attempt deadline (the ceiling is timeout_s)."
+        2.0,
+        gt=0,
+        description="Shortest adaptive attempt deadline (the ceiling is timeout_s). It binds "
+        "only for answers whose p99 is under floor_s / p99_factor (a fast server, short "
+        "answers): there a hung attempt is cut after floor_s, since every row after it "
+        "waits for it to be used in call order.",
     )
     min_samples: int = Field(
         50, ge=1, description="Successful attempts observed before the adaptive deadline applies."

@@ -56,7 +56,7 @@ class AttemptDeadline:
         self,
         ceiling_s: float,
         *,
-        floor_s: float = 5.0,
+        floor_s: float = 2.0,
         p99_factor: float = 4.0,
         min_samples: int = 50,
         window: int = 2048,
