@@ -147,7 +147,7 @@ def drive(
     planner, sink = job.planner, job.sink
     while True:
         if stop is None:
-            stop = _stop_reason(ledger, sink)
+            stop = _stop_reason(ledger, sink, planner.finished)
             if stop is not None:
                 pool.stop(stop)
         if stop is None and not planner.finished:
@@ -200,9 +200,14 @@ def drive(
     return stop or planner.stopped_by
 
 
-def _stop_reason(ledger: Ledger, sink: Sink) -> str | None:
+def _stop_reason(ledger: Ledger, sink: Sink, finished: bool) -> str | None:
+    """Why the loop must stop issuing: the sink's reason, else a cap, but only while the
+    planner still wants work (a run whose last call reached the target and the call cap
+    at once did what was asked)."""
     if sink.stop_reason is not None:
         return sink.stop_reason
+    if finished:
+        return None
     cap = ledger.exhausted()
     if cap is not None:
         ledger.stopped_by = ledger.stopped_by or cap

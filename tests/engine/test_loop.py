@@ -135,6 +135,12 @@ def test_max_calls_is_never_exceeded() -> None:
     assert stopped == "max_calls" and ledger.calls == 25 == planner.issued
 
 
+def test_a_target_reached_with_the_last_call_the_cap_allows_is_not_a_cap_stop() -> None:
+    planner, _, ledger, stopped = _run(7, target=25, caps=Caps(max_calls=25))
+    assert ledger.calls == 25 and planner.issued == 25
+    assert stopped is None  # the run did what was asked: exit 0, not "stopped by cap"
+
+
 def test_work_not_needed_when_the_target_is_reached_never_starts() -> None:
     """The planner ends with items still queued in the workers: those never go out and
     count nowhere (the worker answers them cancelled)."""
