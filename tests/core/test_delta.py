@@ -57,6 +57,7 @@ def state_pairs(draw: st.DrawFn) -> tuple[Any, Any]:
 
 @settings(max_examples=200, deadline=None)
 @given(state_pairs())
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_apply_diff_reproduces_target_without_touching_input(pair: tuple[Any, Any]) -> None:
     before, after = pair
     pristine = copy.deepcopy(before)
@@ -69,6 +70,7 @@ def test_apply_diff_reproduces_target_without_touching_input(pair: tuple[Any, An
 
 @settings(max_examples=150, deadline=None)
 @given(state_pairs())
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_invert_undoes_a_delta(pair: tuple[Any, Any]) -> None:
     before, after = pair
     ops = diff(before, after)

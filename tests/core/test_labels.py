@@ -360,6 +360,7 @@ def test_decline_heuristic(text: str, declined: bool) -> None:
 
 
 @pytest.mark.shared
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_recorded_airline_calls_label_consistently(taubench_dir: Path) -> None:
     """Replay each recorded trajectory: step labels follow the executor, trajectory
     labels agree with them (transfers counted from the calls themselves)."""

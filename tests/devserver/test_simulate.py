@@ -543,6 +543,7 @@ def _reference() -> list[dict[str, Any]]:
     return simulate.reference_messages(compile_reference(make_reference()))
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_grounded_trajectory_plays_the_references_booking_on_the_state() -> None:
     """The reference books a flight it searched; on each scenario the answer searches the
     scenario's routes and books what it found, every call executed there (the reference

@@ -492,6 +492,7 @@ def _answer(server: DevServer, messages: list[Any]) -> Trajectory:
     return parse_output(content)
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_devserver_answers_are_faithful_to_the_world(
     world: GroundingWorld,
     episodes: list[Trajectory],

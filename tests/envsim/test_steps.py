@@ -249,6 +249,7 @@ def test_tool_source_of_unknown_tools_is_none() -> None:
 
 
 @pytest.mark.shared
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_every_recorded_taubench_step_keeps_the_invariants(taubench_dir: Path) -> None:
     from factory.core.formats import parse_record
 

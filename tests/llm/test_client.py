@@ -363,6 +363,7 @@ def test_bad_request_is_not_retried(server: ScriptedServer) -> None:
     assert len(server.requests) == 1
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_slow_reply_times_out(server: ScriptedServer) -> None:
     server.push({**ok(), "delay": 10.0})
     started = time.monotonic()

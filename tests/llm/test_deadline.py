@@ -191,6 +191,7 @@ def test_a_hung_attempt_is_cut_at_its_deadline_and_retried() -> None:
     assert result.retries == {"llm_timeout": 1}
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_an_attempt_sent_cold_is_cut_once_the_deadline_is_known() -> None:
     """Sent before any latency was known (deadline = timeout_s = 600 s), it is cut
     within seconds once other answers have shown what normal looks like."""

@@ -46,6 +46,7 @@ async def _local(rt: Runtime, task: Task, wrong: bool, seed: int):
     return seen, r.reward, r.done
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_64_concurrent_episodes_through_openenv_are_isolated(
     devserver, taubench_dir: Path, tmp_path: Path
 ) -> None:

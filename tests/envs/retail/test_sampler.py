@@ -53,6 +53,7 @@ def test_sampling_never_touches_the_world(sampler: EpisodeSampler) -> None:
     assert sampler.world.state == pristine
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_groups_tools_and_scenarios_are_all_populated(
     run: list[tuple[Trajectory, list[StepSample]]],
 ) -> None:

@@ -112,6 +112,7 @@ class FakeApi:
         return "commit-1"
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_push_uploads_the_dataset_files_only(tmp_path: Path) -> None:
     out = make_folder(tmp_path / "o")
     api = FakeApi()
@@ -127,6 +128,7 @@ def test_push_uploads_the_dataset_files_only(tmp_path: Path) -> None:
     assert (out / "report.html").is_file()  # what it pushes exists
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_push_through_the_command_stops_where_the_network_would_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -255,6 +257,7 @@ def test_hub_and_network_failures_are_one_line_and_exit_8(
     assert "Traceback" not in err and "hf_not_a_real_token" not in err
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_push_warns_about_devserver_rows_and_an_other_license(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

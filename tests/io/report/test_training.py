@@ -116,6 +116,7 @@ def test_the_recipes_tokenizer_is_loaded_offline_and_counts(tmp_path: Path) -> N
     assert missing.name.startswith("estimate") and "could not be loaded offline" in (why or "")
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
 def test_every_folder_gets_its_sft_config_and_the_report_shows_the_fit(tmp_path: Path) -> None:
     out = make_folder(tmp_path / "o")
     state = json.loads((out / "run.json").read_text())
