@@ -343,10 +343,30 @@ class _State:
         if self.dead:
             return
         self.dead = True
+        self.stop_accepting()
         self.drop_connections()
         task = asyncio.get_running_loop().create_task(self._cleanup())
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def stop_accepting(self) -> None:
+        """Stop taking connections off the listening sockets; closing them comes later.
+
+        Why before the close: asyncio accepts a connection in one loop step and makes its
+        transport in a task that runs in the next. A server closed in between makes that
+        transport fail half-built (Python 3.11 asserts in ``Server._attach``), and the
+        socket is then found, unclosed, by the garbage collector: CI failed on twelve such
+        ResourceWarnings in the test whose server dies mid-run. With the listening sockets'
+        readers removed first, every accepted connection is completed (and, the server
+        being dead, reset) before ``runner.cleanup()`` closes them.
+        """
+        if self.runner is None:
+            return
+        loop = asyncio.get_running_loop()
+        for site in self.runner.sites:
+            server = getattr(site, "_server", None)  # aiohttp keeps the asyncio.Server here
+            for sock in getattr(server, "sockets", None) or ():
+                loop.remove_reader(sock.fileno())
 
     def drop_connections(self) -> None:
         """Reset every open connection (each transport's ``connection_lost`` forgets it)."""
@@ -379,6 +399,8 @@ class _State:
     async def _cleanup(self) -> None:
         if self.runner is not None:
             runner, self.runner = self.runner, None
+            for _ in range(3):  # the accepts already taken make their transports first
+                await asyncio.sleep(0)
             await runner.cleanup()
         if self.died is not None:
             self.died.set()
