@@ -383,7 +383,6 @@ def test_connections_are_tracked_until_lost_and_all_dropped_when_the_server_dies
             c.close()
 
 
-
 @pytest.mark.slow  # about 2.5 s: twenty servers die, each under fifty connections
 def test_a_server_dying_under_a_burst_of_connections_leaves_none_half_made() -> None:
     """Connections accepted in the moment the server dies are completed and reset, not left
@@ -395,7 +394,8 @@ def test_a_server_dying_under_a_burst_of_connections_leaves_none_half_made() -> 
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     request = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     found: list[str] = []
     hook = sys.unraisablehook
@@ -417,6 +417,7 @@ def test_a_server_dying_under_a_burst_of_connections_leaves_none_half_made() -> 
     finally:
         sys.unraisablehook = hook
     assert found == []
+
 
 # --- configuration and CLI --------------------------------------------------------------
 def test_parse_defects() -> None:
