@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -326,6 +327,17 @@ def test_failed_calls_are_retried_with_retry_failed(ray_session, devserver, tmp_
     assert again.manifest["responses_from_cache"] > 0
 
 
+def _ours(proc: Any) -> bool:
+    """Whether ``proc`` belongs to this test process's Ray session (its ``RAY_TMPDIR``), not
+    to another session on the machine (a second pytest worker, a developer's own run)."""
+    import psutil
+
+    try:
+        return bool(proc.environ().get("RAY_TMPDIR") == os.environ.get("RAY_TMPDIR"))
+    except psutil.Error:
+        return False
+
+
 def test_an_actor_killed_mid_run_is_restarted_and_nothing_is_lost(
     ray_session, devserver, tmp_path
 ) -> None:
@@ -349,7 +361,7 @@ def test_an_actor_killed_mid_run_is_restarted_and_nothing_is_lost(
         while time.time() < deadline and not killed:
             if _cache_entries(out) >= 30:
                 for proc in psutil.process_iter(["cmdline"]):
-                    if "ray::WorkerActor" in " ".join(proc.info["cmdline"] or []):
+                    if "ray::WorkerActor" in " ".join(proc.info["cmdline"] or []) and _ours(proc):
                         proc.kill()
                         killed.append(proc.pid)
                         return
