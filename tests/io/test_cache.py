@@ -162,7 +162,7 @@ def test_any_json_record_survives_the_line_format(key: str, value: dict[str, Any
 NOT_JSON = [{"x": float("nan")}, {"x": float("inf")}, {"x": object()}, ["not", "a", "dict"]]
 
 
-@pytest.mark.parametrize("bad", NOT_JSON, ids=str)
+@pytest.mark.parametrize("bad", NOT_JSON, ids=["nan", "inf", "an-object", "a-list"])
 def test_put_rejects_what_is_not_a_json_object(tmp_path: Path, opened, bad: Any) -> None:
     cache = opened(tmp_path)
     with pytest.raises((TypeError, ValueError)):
