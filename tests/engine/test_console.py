@@ -141,3 +141,25 @@ def test_without_a_terminal_each_bar_is_a_plain_line_now_and_then(
         "accepted: 0/60 (0%)",
     ]
     assert "\x1b" not in "".join(lines) and "\r" not in "".join(lines)
+
+
+def test_on_a_terminal_each_bar_is_one_redrawn_line_in_the_order_it_appeared(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The tqdm side of ``Bars``: one bar per name, created in order, moved to each new
+    count and total, its postfix shown, closed at the end."""
+    from factory.engine.console import Bars
+    from factory.engine.loop import Bar
+
+    bars = Bars(tty=True)
+    bars.show([Bar("judge", 0, None)])
+    bars.show([Bar("judge", 41, 41, {"kept": 40}, done=True), Bar("accepted", 3, 60)])
+    bars.show([Bar("judge", 41, 41, {"kept": 40}, done=True), Bar("accepted", 60, 60, done=True)])
+    assert list(bars._bars) == ["judge", "accepted"]
+    judge, accepted = bars._bars["judge"], bars._bars["accepted"]
+    assert (judge.n, judge.total, accepted.n, accepted.total) == (41, 41, 60, 60)
+    assert judge.postfix == "kept=40"
+    bars.close()
+    assert bars._bars == {}
+    err = capsys.readouterr().err
+    assert "judge" in err and "accepted" in err and "60/60" in err

@@ -82,3 +82,28 @@ def test_results_come_back_as_items_finish(ray_session: Any) -> None:
     assert sorted(arrival) == list(range(8))
     # item 0 is back long before item 7 (1.4 s): nothing waits for a slower neighbour
     assert arrival[0] < arrival[7] - 0.8
+
+
+def test_the_actor_class_runs_a_worker_in_this_process_too() -> None:
+    """``WorkerActor`` is a thin shell over ``Worker``: built and called here, without Ray
+    (its watchdog sees no Ray worker and watches nothing), it submits, collects, takes a
+    new chain, stops, resumes and shuts down as the actor does."""
+    from factory.engine.pool import WorkerActor
+
+    async def go() -> list[int]:
+        actor = WorkerActor({"s": [(Slow, ())]}, None)
+        assert actor._health() == {}  # no stage with a backend
+        await actor.add_chain("t", [(Slow, ())])
+        items = [Item("calls", k, "s" if k % 2 else "t", {"call_index": k}) for k in range(3)]
+        assert await actor.submit(items) == 3
+        got: list[ItemResult] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            results, _ = await actor.collect(0.5)
+            got += results
+        await actor.stop("a cap")
+        await actor.resume()
+        await actor.shutdown()
+        return sorted(r.index for r in got)
+
+    assert asyncio.run(go()) == [0, 1, 2]

@@ -257,3 +257,57 @@ def test_the_processor_spec_is_hashable_and_picklable() -> None:
     spec = ProcessorSpec(kind="http", batch_size=1, replicas=1, concurrent_batches=4, url="u")
     assert pickle.loads(pickle.dumps(spec)) == spec and hash(spec) == hash(spec)
     assert pickle.loads(pickle.dumps(SessionFactory("K", 1.0))) == SessionFactory("K", 1.0)
+
+
+# --- the gateway's request queue, in this process ---------------------------------------
+
+
+def _gateway(batch_size: int = 2) -> Any:
+    from factory.llm.backends.ray_data import gateway as gw
+
+    g = gw.Gateway(
+        ProcessorSpec(kind="http", batch_size=batch_size, replicas=1, concurrent_batches=1, url="u")
+    )
+    g._start = lambda: None  # no Ray Data execution: the test plays the read task
+    return g
+
+
+def test_the_gateway_hands_waiting_requests_to_the_read_task_padded_to_its_batches() -> None:
+    """``call`` queues a request and waits; ``pull`` gives the read task what waits, padded
+    to whole batches with fillers (token -1); an answer reaches its own caller only; a
+    caller that gave up is never sent; after ``close`` the read task hears None."""
+    from factory.llm.backends.ray_data import gateway as gw
+
+    async def go() -> None:
+        g = _gateway(batch_size=2)
+        first = asyncio.ensure_future(g.call("p0"))
+        second = asyncio.ensure_future(g.call("p1"))
+        third = asyncio.ensure_future(g.call("p2"))
+        await asyncio.sleep(0)
+        third.cancel()  # its caller gave up before the read task came
+        await asyncio.sleep(0)
+        rows = await g.pull()
+        assert [(r[gw.TOKEN], r["payload"]) for r in rows] == [(0, "p0"), (1, "p1")]
+        g._deliver(1, "answer-1")
+        g._deliver(0, "answer-0")
+        g._deliver(7, "nobody waits for this")
+        assert await first == "answer-0" and await second == "answer-1"
+        fourth = asyncio.ensure_future(g.call("p3"))
+        await asyncio.sleep(0)
+        padded = await g.pull()
+        assert [r[gw.TOKEN] for r in padded] == [3, -1]  # one request, one filler
+        g._deliver(3, "answer-3")
+        assert await fourth == "answer-3"
+        g.close()
+        assert await g.pull() is None
+
+    asyncio.run(go())
+
+
+def test_a_pull_with_nothing_waiting_returns_empty_after_its_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from factory.llm.backends.ray_data import gateway as gw
+
+    monkeypatch.setattr(gw, "PULL_WAIT_S", 0.01)
+    assert asyncio.run(_gateway().pull()) == []
