@@ -12,7 +12,9 @@ files each final row (data, surplus, rejects, failed). ``drive`` runs it:
 3. results are *used* in item order (``Reorder``): the planner observes them (what
    to issue next depends on the observed yield) and the sink files their rows, each
    fate counted by the ledger (``Ledger.decided``);
-4. a cap reached, a refused cache write or the planner's own end stops issuing:
+4. an item that holds back results already in (``Reorder.blocking``) is hurried: its
+   retries stop waiting out the backoff's jitter (``Pool.hurry``);
+5. a cap reached, a refused cache write or the planner's own end stops issuing:
    the workers refuse what they have not sent yet (``Pool.stop``), and the loop ends
    when everything issued came back.
 
@@ -143,6 +145,7 @@ def drive(
     ``cache_write``, the planner's or the health check's reason), or None."""
     reorder = Reorder()
     llm_keys: set[tuple[str, int]] = set()
+    hurried: set[tuple[str, int]] = set()
     stop: str | None = None
     planner, sink = job.planner, job.sink
     while True:
@@ -185,6 +188,10 @@ def drive(
                 if kind is not None and kind != "unissued":
                     ledger.decided(row, kind)
             planner.observe(result)
+        blocking = set(reorder.blocking())
+        if blocking - hurried:
+            pool.hurry(sorted(blocking - hurried))
+        hurried = blocking
         if health is not None and stop is None:
             why = health.report(reports, ledger)
             if why is not None:

@@ -47,6 +47,8 @@ class Pool(Protocol):
 
     def poll(self, timeout: float) -> tuple[list[ItemResult], dict[int, dict[str, Any]]]: ...
 
+    def hurry(self, keys: Sequence[tuple[str, int]]) -> None: ...
+
     def add_chain(self, name: str, specs: Sequence[StageSpec]) -> None: ...
 
     def stop(self, reason: str) -> None: ...
@@ -90,6 +92,9 @@ class WorkerActor:
 
     async def collect(self, max_wait: float) -> tuple[list[ItemResult], dict[str, Any]]:
         return await self.worker.collect(max_wait)
+
+    async def hurry(self, keys: list[tuple[str, int]]) -> None:
+        self.worker.hurry(keys)
 
     async def add_chain(self, name: str, specs: list[StageSpec]) -> None:
         self.worker.add_chain(name, specs)
@@ -207,6 +212,13 @@ class ActorPool:
                 health[self.slots.index(slot)] = report
         return results, health
 
+    def hurry(self, keys: Sequence[tuple[str, int]]) -> None:
+        """Tell the actors holding these items that the driver waits on them."""
+        for slot in self.slots:
+            mine = [k for k in keys if k in slot.assigned]
+            if mine and slot.alive:
+                self._submits.append(slot.handle.hurry.remote(mine))
+
     def _reap_submits(self) -> None:
         if not self._submits:
             return
@@ -315,6 +327,10 @@ class LocalPool:
             if results or time.monotonic() >= deadline or not self.in_flight:
                 return results, {}
             time.sleep(0.002)
+
+    def hurry(self, keys: Sequence[tuple[str, int]]) -> None:
+        for worker in self.workers:
+            self._loop.call_soon_threadsafe(worker.hurry, list(keys))
 
     def add_chain(self, name: str, specs: Sequence[StageSpec]) -> None:
         for worker in self.workers:

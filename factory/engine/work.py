@@ -110,6 +110,12 @@ class Reorder:
     def issued(self, stream: str) -> int:
         return self._issued.get(stream, 0)
 
+    def blocking(self) -> list[tuple[str, int]]:
+        """The items that hold back results already in: per stream, the oldest unreleased
+        item when a later one of its stream is held (the driver hurries it)."""
+        streams = {stream for stream, _ in self._held}
+        return [(s, self._next[s]) for s in sorted(streams)]
+
     def held(self) -> int:
         """Results waiting for a predecessor (what the order costs in memory)."""
         return len(self._held)

@@ -21,7 +21,15 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from factory.engine.stages.base import COLUMNS, NOT_NEEDED, OK, UNISSUED, Stage, StageSpec
+from factory.engine.stages.base import (
+    COLUMNS,
+    HURRY,
+    NOT_NEEDED,
+    OK,
+    UNISSUED,
+    Stage,
+    StageSpec,
+)
 from factory.engine.work import Item, ItemResult
 
 __all__ = ["NOT_NEEDED", "Worker"]
@@ -50,6 +58,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._health = health
         self._halted: asyncio.Event | None = None
+        self._hurry: dict[tuple[str, int], asyncio.Event] = {}  # items running, by key
         self.stopped: str | None = None
         self.started = 0  # items started, for tests and stats
 
@@ -98,6 +107,15 @@ class Worker:
             self._halted = asyncio.Event()
         return self._halted
 
+    def hurry(self, keys: Sequence[tuple[str, int]]) -> None:
+        """The driver waits on these items (later results are held behind them): their
+        retries stop waiting out the backoff's jitter (``HURRY``). Unknown keys (done
+        meanwhile) are ignored."""
+        for key in keys:
+            event = self._hurry.get(tuple(key))  # type: ignore[arg-type]
+            if event is not None:
+                event.set()
+
     # -- items ----------------------------------------------------------------------------
     def _event(self) -> asyncio.Event:
         if self._ready is None:
@@ -139,10 +157,12 @@ class Worker:
 
     async def _run_one(self, chain: list[Stage], item: Item) -> None:
         rows = [start_row(item)]
+        HURRY.set(self._hurry.setdefault(item.key, asyncio.Event()))  # this task's context
         try:
             for stage in chain:
                 rows = await run_stage(stage, rows)
         finally:
+            self._hurry.pop(item.key, None)
             self._finish(item, rows)
 
     async def _run_batch(self, chain: list[Stage], items: list[Item]) -> None:

@@ -43,7 +43,7 @@ from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
 from factory.llm.pricing import Price, cost
-from factory.llm.retry import RetryPolicy, call_with_retry
+from factory.llm.retry import RetryPolicy, call_with_retry, must_wait
 from factory.secrets import PLACEHOLDER_KEY, api_key_from_env
 
 __all__ = [
@@ -385,7 +385,8 @@ class LLMClient:
                     "no endpoint accepted the request before its deadline "
                     f"(llm.deadline.request_s): {self._pool.unavailable_message()}"
                 )
-            await self._sleep(wait)
+            with must_wait(wait):  # an open breaker's cool-down is not cut short
+                await self._sleep(wait)
 
     async def _attempt(
         self, kwargs: dict[str, Any], tried: list[str], give_up_at: float | None

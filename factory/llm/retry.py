@@ -14,9 +14,11 @@ bad request fails the same way every time and is raised at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -29,7 +31,9 @@ __all__ = [
     "RetryPolicy",
     "RetryResult",
     "call_with_retry",
+    "must_wait",
     "parse_retry_after",
+    "required_wait",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,27 @@ RETRYABLE: tuple[type[LLMError], ...] = (LLMTimeout, LLMRateLimited, LLMServerEr
 
 # Retry-After jitter: up to this fraction of the server's hint is added.
 _RETRY_AFTER_SPREAD = 0.1
+
+# The part of the current sleep the server asked for (a ``Retry-After``, an open
+# circuit breaker's cool-down): a sleep that may be cut short (a row the driver hurries,
+# ``factory.engine.stages.llm_stage``) still waits this long. A context variable, so the
+# ``sleep(delay)`` callables every backend takes keep their one-argument shape.
+_REQUIRED_WAIT: contextvars.ContextVar[float] = contextvars.ContextVar("required_wait", default=0.0)
+
+
+@contextlib.contextmanager
+def must_wait(seconds: float) -> Iterator[None]:
+    """Within this block, a sleep cut short still lasts ``seconds`` (the server's word)."""
+    token = _REQUIRED_WAIT.set(max(0.0, seconds))
+    try:
+        yield
+    finally:
+        _REQUIRED_WAIT.reset(token)
+
+
+def required_wait() -> float:
+    """Seconds of the current sleep that no hurry may cut (0: all of it may go)."""
+    return _REQUIRED_WAIT.get()
 
 
 @dataclass(frozen=True)
@@ -184,7 +209,8 @@ async def call_with_retry(
                 raise
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
-            await sleep(delay)
+            with must_wait(min(delay, retry_after or 0.0)):
+                await sleep(delay)
             attempt += 1
         except LLMError as exc:
             _record_attempts(exc, attempt)

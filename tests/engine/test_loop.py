@@ -198,3 +198,31 @@ def test_rows_of_one_item_stay_together_and_in_order(stream_count: int) -> None:
     for k in range(20):  # an item's rows are contiguous
         mine = [i for i, o in enumerate(outputs) if o.split(".")[0] == str(k)]
         assert mine == list(range(mine[0], mine[0] + len(mine)))
+
+
+class BackoffFirst(FakeLLM):
+    """Call 0 sleeps in a 60 s backoff (as after a failed attempt), the others do not."""
+
+    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+        from factory.engine.stages.llm_stage import _pause
+
+        if int(row["call_index"]) == 0:
+            await _pause(60.0)
+        return await super().aprocess(row)
+
+
+def test_the_item_later_results_wait_for_is_hurried_out_of_its_backoff() -> None:
+    """Rows are used in call order, so every later row waits for call 0: the driver
+    hurries it and its backoff ends early; the order of the rows is unchanged."""
+    import time
+
+    planner = Planner(20)
+    pool = LocalPool({"c": [(BackoffFirst, (3,))]}, workers=2, capacity=8)
+    started = time.monotonic()
+    try:
+        stopped = drive(Job("toy", {}, planner, Sink(planner)), pool, Ledger(), poll_s=0.01)
+    finally:
+        pool.close()
+    assert stopped is None and planner.seen == sorted(planner.seen)
+    assert planner.accepted[0] == "row-0" and len(planner.accepted) == 20
+    assert time.monotonic() - started < 30.0  # not the 60 s backoff

@@ -50,6 +50,20 @@ class Slow(Stage):
         return row
 
 
+class Backoff(Stage):
+    """Item 0 sleeps in a minute-long retry backoff; the others answer at once."""
+
+    name = "backoff"
+    requires = ("call_index",)
+
+    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+        from factory.engine.stages.llm_stage import _pause
+
+        if int(row["call_index"]) == 0:
+            await _pause(60.0)
+        return row
+
+
 def _drain(pool: ActorPool, n: int, timeout: float = 60) -> list[tuple[float, ItemResult]]:
     got: list[tuple[float, ItemResult]] = []
     deadline = time.monotonic() + timeout
@@ -82,6 +96,20 @@ def test_results_come_back_as_items_finish(ray_session: Any) -> None:
     assert sorted(arrival) == list(range(8))
     # item 0 is back long before item 7 (1.4 s): nothing waits for a slower neighbour
     assert arrival[0] < arrival[7] - 0.8
+
+
+def test_a_hurried_item_leaves_its_backoff_on_its_actor(ray_session: Any) -> None:
+    """The driver's hurry reaches the actor that holds the item (``ActorPool.hurry``)."""
+    pool = ActorPool({"b": [(Backoff, ())]}, actors=2, num_cpus=0.25, capacity=4)
+    try:
+        pool.submit([Item("s", k, "b", {"call_index": k}) for k in range(4)])
+        first = _drain(pool, 3, timeout=20)
+        pool.hurry([("s", 0), ("s", 99)])  # 99: never issued, ignored
+        rest = _drain(pool, 1, timeout=30)
+    finally:
+        pool.close()
+    assert sorted(r.index for _, r in first) == [1, 2, 3]
+    assert [r.index for _, r in rest] == [0]  # not after the 60 s backoff
 
 
 def test_the_actor_class_runs_a_worker_in_this_process_too() -> None:

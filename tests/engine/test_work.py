@@ -43,6 +43,26 @@ def test_a_straggler_holds_only_what_comes_after_it() -> None:
     assert reorder.pending("s") == 1
 
 
+def test_the_oldest_unfinished_item_blocks_only_when_a_later_result_waits() -> None:
+    reorder = Reorder()
+    _issue(reorder, "a", 6)
+    _issue(reorder, "b", 3)
+    assert reorder.blocking() == []  # nothing came back: nobody is held up
+    reorder.add(ItemResult("a", 0, []))
+    list(reorder.release())
+    assert reorder.blocking() == []  # 0 released at once: nothing waits
+    reorder.add(ItemResult("a", 3, []))
+    reorder.add(ItemResult("b", 2, []))
+    assert reorder.blocking() == [("a", 1), ("b", 0)]
+    reorder.add(ItemResult("a", 1, []))
+    list(reorder.release())
+    assert reorder.blocking() == [("a", 2), ("b", 0)]  # the next one in line
+    for k in (2,):
+        reorder.add(ItemResult("a", k, []))
+    list(reorder.release())
+    assert reorder.blocking() == [("b", 0)]
+
+
 def test_gaps_twice_and_unissued_results_are_refused() -> None:
     reorder = Reorder()
     with pytest.raises(ValueError, match="issued, 0 expected"):

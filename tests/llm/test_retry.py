@@ -17,7 +17,13 @@ from factory.errors import (
     LLMServerError,
     LLMTimeout,
 )
-from factory.llm.retry import RetryPolicy, call_with_retry, parse_retry_after
+from factory.llm.retry import (
+    RetryPolicy,
+    call_with_retry,
+    must_wait,
+    parse_retry_after,
+    required_wait,
+)
 
 NO_JITTER = RetryPolicy(max_attempts=5, base_delay=1.0, max_delay=10.0, jitter=False)
 
@@ -177,3 +183,23 @@ NOW = datetime(2025, 8, 7, 12, 0, 0, tzinfo=timezone.utc)
 )
 def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
     assert parse_retry_after(headers, now=NOW) == expected
+
+
+def test_the_servers_wait_is_marked_as_not_to_be_cut() -> None:
+    """While a retry sleeps, ``required_wait`` says how much of it the server asked for
+    (a hurried row waits that much and no more); outside a sleep it is 0."""
+    seen: list[tuple[float, float]] = []
+
+    async def sleep(delay: float) -> None:
+        seen.append((delay, required_wait()))
+
+    fn = scripted(LLMRateLimited("429", retry_after=3.0), LLMServerError("500"), "done")
+    policy = RetryPolicy(max_attempts=3, base_delay=1.0, max_delay=10.0, jitter=True)
+    asyncio.run(call_with_retry(fn, policy, sleep=sleep, rng=random.Random(1)))
+    (hinted, hinted_floor), (backoff, backoff_floor) = seen
+    assert hinted >= 3.0 and hinted_floor == 3.0  # the hint, without its spread
+    assert 0.0 <= backoff <= 2.0 and backoff_floor == 0.0  # jitter only: all of it may go
+    assert required_wait() == 0.0
+    with must_wait(5.0):
+        assert required_wait() == 5.0
+    assert required_wait() == 0.0

@@ -14,6 +14,7 @@ Failures are data: nothing is dropped here. The worker
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from abc import ABC
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from factory.errors import FactoryError, short
 
 __all__ = [
     "FAILED",
+    "HURRY",
     "OK",
     "REJECTED",
     "ROW_SCHEMA",
@@ -40,6 +42,12 @@ UNISSUED = "unissued"  # never sent: a budget cap (or a broken cache) stopped it
 # The stop reason of a run that has what it needs: unstarted work vanishes (not counted).
 NOT_NEEDED = "not_needed"
 RAW_LIMIT = 4000  # characters of raw input kept on reject rows
+
+#: Set by the worker for the task of each item: the driver sets the event when the item
+#: holds back results that came after it (rows are used in item order, so one row deep in
+#: a retry chain keeps every later row waiting). A waiting retry then ends early
+#: (``factory.engine.stages.llm_stage``); what the server asked for is still waited.
+HURRY: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("hurry", default=None)
 
 ROW_SCHEMA = pa.schema(
     [

@@ -169,3 +169,55 @@ def test_without_a_stop_a_pause_is_the_backoff() -> None:
         await _pause(0.01)  # sleeps and returns: nothing stopped
 
     asyncio.run(scenario())
+
+
+def test_a_hurried_row_waits_only_what_the_server_asked_for() -> None:
+    """The driver hurries the row that later rows wait for: its backoff's jitter goes,
+    a server's ``Retry-After`` (``must_wait``) stays; an unhurried row waits it all."""
+    import time
+
+    from factory.engine.stages.base import HURRY
+    from factory.engine.stages.llm_stage import _ROW_HALT, HURRIED_RETRY_S, Halt, _pause
+    from factory.llm.retry import must_wait
+
+    async def pause(delay: float, server_wait: float, hurry_after: float | None) -> float:
+        _ROW_HALT.set(Halt(asyncio.Event(), lambda: None))
+        hurry = asyncio.Event()
+        HURRY.set(hurry)
+        started = time.monotonic()
+        with must_wait(server_wait):
+            task = asyncio.ensure_future(_pause(delay))
+            if hurry_after is not None:
+                await asyncio.sleep(hurry_after)
+                hurry.set()
+            await asyncio.wait_for(task, timeout=30.0)  # a 60 s backoff must not run out
+        return time.monotonic() - started
+
+    assert asyncio.run(pause(60.0, 0.0, hurry_after=0.05)) < 30.0  # cut when hurried
+    assert asyncio.run(pause(0.3, 0.0, hurry_after=None)) >= 0.3  # not hurried: all of it
+    # hurried before the wait and mid-wait: what the server asked for is still waited
+    assert asyncio.run(pause(60.0, 0.4, hurry_after=0.0)) >= 0.4
+    assert asyncio.run(pause(60.0, 0.4, hurry_after=0.1)) >= 0.4
+    assert HURRIED_RETRY_S < 0.4
+
+
+def test_a_hurried_row_still_gives_up_when_the_run_stops() -> None:
+    from factory.engine.stages.base import HURRY
+    from factory.engine.stages.llm_stage import _ROW_HALT, Halt, _pause
+    from factory.errors import LLMUnavailable
+    from factory.llm.retry import must_wait
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        _ROW_HALT.set(Halt(stop, lambda: "max_cost_usd" if stop.is_set() else None))
+        hurry = asyncio.Event()
+        hurry.set()
+        HURRY.set(hurry)
+        with must_wait(60.0):  # the server asked for a minute: hurried, it still waits
+            task = asyncio.ensure_future(_pause(60.0))
+        await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, timeout=30.0)
+
+    with pytest.raises(LLMUnavailable, match="max_cost_usd"):
+        asyncio.run(scenario())
