@@ -514,3 +514,15 @@ def test_stats_report_the_mean_latency_served() -> None:
                 model="factory-dev", messages=[{"role": "user", "content": "hi"}]
             )
         assert server.stats()["latency_mean_s"] == pytest.approx(0.03, rel=1e-6)
+
+
+def test_what_every_answer_reads_is_derived_before_the_port_opens() -> None:
+    """The domains' vocabulary (a world generated per domain) is derived at start: on the
+    first request it held the event loop, and every other connection waited behind it."""
+    from factory.devserver import domains
+
+    domains.reset()
+    assert domains.vocabulary.cache_info().currsize == 0
+    with DevServer(DevServerConfig()):
+        assert domains.vocabulary.cache_info().currsize == 1
+        assert domains.enums.cache_info().currsize == 1
