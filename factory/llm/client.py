@@ -46,6 +46,8 @@ from factory.llm.pricing import Price, cost
 from factory.llm.retry import RetryPolicy, call_with_retry, must_wait
 from factory.secrets import PLACEHOLDER_KEY, api_key_from_env
 
+HEDGE_RECHECK_S = 0.25  # how often an attempt past due for a hedge looks for a spare slot
+
 __all__ = [
     "ClientFactory",
     "Completion",
@@ -157,6 +159,11 @@ def _check_key_isolation(endpoints: tuple[Endpoint, ...]) -> None:
             )
 
 
+def _answered(task: asyncio.Future[Any]) -> bool:
+    """Done with an answer (not cancelled, not failed)."""
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
 def _request_header(request_id: str) -> str:
     printable = "".join(ch if 32 <= ord(ch) < 127 else "_" for ch in request_id)
     return printable[:_MAX_REQUEST_ID]
@@ -191,6 +198,8 @@ class LLMClient:
         client_factory: builds the SDK client per endpoint (tests pass their own);
             it must turn SDK retries off.
         sleep: awaited for backoff delays (tests inject a recorder).
+        before_send: called before a hedge goes out; raises when none may (the engine
+            passes its driver watch: no request once the driver is gone).
         rng: jitter source.
         clock: monotonic seconds for latency.
 
@@ -214,6 +223,7 @@ class LLMClient:
         request_deadline_s: float | None = None,
         client_factory: ClientFactory = openai_client_factory,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        before_send: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -232,6 +242,10 @@ class LLMClient:
         self._retry = retry
         self._price = price
         self._sleep = sleep
+        self._before_send = before_send
+        self._hedges = 0  # hedges sent by this client
+        self._sent = 0  # attempts sent by this client, hedges included
+        self._releasing: set[asyncio.Future[None]] = set()
         self._rng = rng or random.Random()
         self._clock = clock
         # Adaptive: halves on 429 / timeout / 5xx or queueing latency, grows back on success.
@@ -304,8 +318,10 @@ class LLMClient:
             loop = asyncio.get_running_loop()
             sent_at = loop.time()
             sent += 1
+            self._sent += 1
+            hedged = retries["hedge"]
             try:
-                completion = await self._attempt(kwargs, tried, give_up_at)
+                completion = await self._attempt(kwargs, tried, give_up_at, retries)
             except (LLMRateLimited, LLMTimeout):  # refused or hung: an overload signal
                 self.limiter.on_attempt(overloaded=True)
                 raise
@@ -313,6 +329,7 @@ class LLMClient:
                 self.limiter.on_attempt(overloaded=False)
                 raise
             finally:
+                sent += retries["hedge"] - hedged  # a hedge reached the wire too
                 await self.limiter.release()
             latency = loop.time() - sent_at
             self.deadline.observe(latency)
@@ -389,16 +406,26 @@ class LLMClient:
                 await self._sleep(wait)
 
     async def _attempt(
-        self, kwargs: dict[str, Any], tried: list[str], give_up_at: float | None
+        self,
+        kwargs: dict[str, Any],
+        tried: list[str],
+        give_up_at: float | None,
+        hedges: Counter[str],
     ) -> Completion:
         lease = self._pool.acquire(avoid=tried)
         name = lease.endpoint.name
         sent = self._clock()
         try:
-            response = await self._within_deadline(
-                self._clients[name].chat.completions.create(**kwargs), name, give_up_at
+            response, also_paid = await self._within_deadline(
+                lambda: self._clients[name].chat.completions.create(**kwargs),
+                name,
+                give_up_at,
+                hedges,
             )
             completion = self._parse(response, name)
+            for extra in also_paid:  # a hedge whose answer came too: it was paid as well
+                other = self._parse(extra, name)
+                completion = replace(completion, cost_usd=completion.cost_usd + other.cost_usd)
         except asyncio.CancelledError:
             self._pool.release(lease, None, self._clock() - sent)
             raise
@@ -417,36 +444,95 @@ class LLMClient:
         return completion
 
     async def _within_deadline(
-        self, request: Awaitable[Any], endpoint: str, give_up_at: float | None
-    ) -> Any:
+        self,
+        make: Callable[[], Awaitable[Any]],
+        endpoint: str,
+        give_up_at: float | None,
+        hedges: Counter[str],
+    ) -> tuple[Any, list[Any]]:
         """Await one attempt until its deadline, re-read while waiting (the policy may
-        tighten once it has seen enough answers); cancel it when the deadline passes."""
+        tighten once it has seen enough answers); cancel it when the deadline passes.
+
+        Past the observed p99, with spare capacity and hedge budget left, the same request
+        goes out once more (``AttemptDeadline.hedge_after_s``; counted in ``hedges``);
+        the first answer wins and the other is cancelled. Returns the answer and any other
+        answer that arrived with it (paid too: its cost is counted).
+        """
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(request)
+        first: asyncio.Future[Any] = asyncio.ensure_future(make())
+        tasks = [first]
         started = loop.time()
         try:
             while True:
+                now = loop.time()
                 limit = self.deadline.timeout_s()
-                remaining = started + limit - loop.time()
+                remaining = started + limit - now
                 if give_up_at is not None:
                     remaining = min(remaining, give_up_at - self._clock())
                 if remaining <= 0:
                     break
                 # Wake at least every second so a deadline that tightened is applied.
-                done, _ = await asyncio.wait({task}, timeout=min(remaining, 1.0))
-                if done:
-                    return task.result()
-        except asyncio.CancelledError:
-            task.cancel()
+                wake = min(remaining, 1.0)
+                if len(tasks) == 1:
+                    due = self._hedge_due(started, now)
+                    hedge = self._hedge(make, hedges) if due is not None and due <= 0 else None
+                    if hedge is not None:
+                        tasks.append(hedge)
+                    elif due is not None:  # due later, or no spare slot yet: look again
+                        wake = min(wake, max(due, HEDGE_RECHECK_S))
+                running = [t for t in tasks if not t.done()]
+                if running:
+                    await asyncio.wait(running, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
+                answered = [t for t in tasks if _answered(t)]
+                if answered:
+                    for t in tasks:
+                        if not t.done():
+                            t.cancel()
+                    return answered[0].result(), [t.result() for t in answered[1:]]
+                if all(t.done() for t in tasks):
+                    return first.result(), []  # raises: every attempt failed (the first's error)
+        except BaseException:  # cancelled, or the driver is gone (no hedge may go out)
+            for t in tasks:
+                t.cancel()
             raise
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
         raise LLMTimeout(
             f"{endpoint}: attempt hung past its deadline {self.deadline.describe()}; "
             "cancelled and retried (llm.deadline, llm.timeout_s)",
             endpoint=endpoint,
         )
+
+    def _hedge_due(self, started: float, now: float) -> float | None:
+        """Seconds until this attempt may be hedged (<= 0: now), or None: never."""
+        after = self.deadline.hedge_after_s()
+        if after is None or not self.deadline.may_hedge(self._hedges, self._sent):
+            return None
+        return started + after - now
+
+    def _hedge(
+        self, make: Callable[[], Awaitable[Any]], hedges: Counter[str]
+    ) -> asyncio.Future[Any] | None:
+        """The same request once more on a spare slot of the limiter (given back when it
+        ends), or None when there is none now (the caller looks again later)."""
+        if self._before_send is not None:
+            self._before_send()
+        if not self.limiter.try_spare():
+            return None
+        self._hedges += 1
+        self._sent += 1
+        hedges["hedge"] += 1
+        task = asyncio.ensure_future(make())
+        task.add_done_callback(self._give_back_spare)
+        return task
+
+    def _give_back_spare(self, _: object) -> None:
+        release = asyncio.ensure_future(self.limiter.release())
+        self._releasing.add(release)  # a task nobody holds may be collected mid-way
+        release.add_done_callback(self._releasing.discard)
 
     def _parse(self, response: Any, endpoint: str) -> Completion:
         choices = getattr(response, "choices", None)

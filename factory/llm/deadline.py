@@ -21,7 +21,13 @@ The policy (``llm.deadline`` in the recipe):
 * the deadline of an attempt in flight is re-read while it waits, so attempts started
   cold are cut once the policy has seen enough;
 * the whole request (every attempt, backoff and waiting for an endpoint) has its own
-  deadline, ``llm.deadline.request_s``.
+  deadline, ``llm.deadline.request_s``;
+* an attempt that has run past the observed p99 while the client has spare capacity
+  (the end of a run) is *hedged*: the same request goes out once more and the first
+  answer wins (``hedge_after_s``, at most ``hedge_share`` of the attempts). Why: the
+  last answers of a run are a heavy tail's lottery (a 6 s draw of a 200 ms median kept
+  a 3,000-call phase open for 2 s with one request in flight); a second draw is
+  almost surely short. "The Tail at Scale" (Dean and Barroso, 2013).
 
 With a lognormal tail of p99 = 10 x median, a deadline of 4 x p99 cuts about 3 in
 10,000 healthy answers (each then costs one retry), and a hung attempt is cut after
@@ -50,6 +56,7 @@ class AttemptDeadline:
         min_samples: latencies needed before the adaptive rule applies.
         window: latencies kept (the most recent ones), so the rule follows a change.
         adaptive: False keeps ``ceiling_s`` for every attempt (the old behaviour).
+        hedge_share: at most this share of the attempts are hedges (0: never hedge).
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class AttemptDeadline:
         min_samples: int = 50,
         window: int = 2048,
         adaptive: bool = True,
+        hedge_share: float = 0.0,
     ) -> None:
         if not ceiling_s > 0 or floor_s < 0 or p99_factor <= 0 or min_samples < 1:
             raise ValueError("deadline parameters must be positive")
@@ -69,6 +77,7 @@ class AttemptDeadline:
         self.p99_factor = p99_factor
         self.min_samples = min_samples
         self.adaptive = adaptive
+        self.hedge_share = hedge_share
         self._samples: deque[float] = deque(maxlen=max(window, min_samples))
         self._since_sort = 0
         self._p99: float | None = None
@@ -112,6 +121,17 @@ class AttemptDeadline:
         p99 = self.p99()
         assert p99 is not None
         return min(self.ceiling_s, max(self.floor_s, self.p99_factor * p99))
+
+    def hedge_after_s(self) -> float | None:
+        """Seconds after which an attempt may be hedged: the observed p99, once the
+        adaptive rule has its samples; None: no hedging (off, or not enough known)."""
+        if not self.adaptive or self.hedge_share <= 0 or len(self._samples) < self.min_samples:
+            return None
+        return self.p99()
+
+    def may_hedge(self, hedges: int, attempts: int) -> bool:
+        """Whether one more hedge stays within ``hedge_share`` of the attempts sent."""
+        return hedges + 1 <= self.hedge_share * max(attempts, 1)
 
     def describe(self) -> str:
         """How the current deadline was chosen, for the timeout message."""

@@ -83,6 +83,7 @@ class AdaptiveLimiter:
         self.cooldown_s = cooldown_s
         self._clock = clock
         self._in_flight = 0
+        self._waiting = 0  # requests waiting in ``acquire``
         self._cond: asyncio.Condition | None = None
         self._last_decrease = -float("inf")
         self.window = max(1, window)
@@ -111,12 +112,26 @@ class AdaptiveLimiter:
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
-            while self._in_flight >= int(self.limit):
-                await self._cond.wait()
+            self._waiting += 1
+            try:
+                while self._in_flight >= int(self.limit):
+                    await self._cond.wait()
+            finally:
+                self._waiting -= 1
             self._in_flight += 1
 
+    def try_spare(self) -> bool:
+        """Take a slot only from spare capacity: nobody waits for one and at most half of
+        the limit is in use (the end of a run, not a moment's gap between two requests).
+        For hedged requests (``factory.llm.client``); give it back with ``release``."""
+        if self._waiting or 2 * (self._in_flight + 1) > int(self.limit):
+            return False
+        self._in_flight += 1
+        return True
+
     async def release(self) -> None:
-        assert self._cond is not None
+        if self._cond is None:
+            self._cond = asyncio.Condition()
         async with self._cond:
             self._in_flight -= 1
             free = int(self.limit) - self._in_flight

@@ -92,6 +92,8 @@ def client(
     request_deadline_s: float | None = None,
     clock: Clock | None = None,
     sleep: Sleep | None = None,
+    concurrency: int = 8,
+    before_send: Any = None,
 ) -> LLMClient:
     clock = clock or Clock()
     pool = EndpointPool(
@@ -107,11 +109,13 @@ def client(
         extra["deadline"] = deadline
     if request_deadline_s is not None:
         extra["request_deadline_s"] = request_deadline_s
+    if before_send is not None:
+        extra["before_send"] = before_send
     return LLMClient(
         pool,
         "m",
         {},
-        concurrency=8,
+        concurrency=concurrency,
         timeout_s=600.0,
         retry=RetryPolicy(max_attempts=attempts, base_delay=0.5, max_delay=2.0, jitter=False),
         price=None,
@@ -173,10 +177,12 @@ def test_deadline_follows_the_recent_window() -> None:
 # ------------------------------------------------------------------ hung attempts
 
 
-def warmed(floor_s: float = 0.05) -> Any:
+def warmed(floor_s: float = 0.05, hedge_share: float = 0.0) -> Any:
     from factory.llm.deadline import AttemptDeadline
 
-    d = AttemptDeadline(600.0, floor_s=floor_s, p99_factor=4.0, min_samples=10)
+    d = AttemptDeadline(
+        600.0, floor_s=floor_s, p99_factor=4.0, min_samples=10, hedge_share=hedge_share
+    )
     for _ in range(10):
         d.observe(0.001)
     return d
@@ -340,3 +346,78 @@ def test_a_hung_answer_that_arrives_does_not_look_like_queueing() -> None:
     for _ in range(40):
         lim.on_success(0.2)
     assert lim.limit == 64 and lim.decreases == 0
+
+
+# ------------------------------------------------------------------ hedged attempts
+
+
+def test_hedging_waits_for_the_p99_and_stays_within_its_share() -> None:
+    from factory.llm.deadline import AttemptDeadline
+
+    d = AttemptDeadline(600.0, min_samples=10, hedge_share=0.02)
+    assert d.hedge_after_s() is None  # nothing known yet
+    for i in range(100):
+        d.observe(2.0 if i == 99 else 0.2)
+    assert d.hedge_after_s() == 0.2  # nearest-rank p99 of 99 x 0.2 s and one 2 s
+    assert d.may_hedge(0, 50) and d.may_hedge(1, 100) and not d.may_hedge(2, 100)
+    off = AttemptDeadline(600.0, min_samples=10)  # hedge_share 0: never
+    for _ in range(100):
+        off.observe(0.2)
+    assert off.hedge_after_s() is None
+
+
+def test_a_hedge_takes_only_spare_capacity() -> None:
+    """Half the limit in use or anyone waiting for a slot: no hedge (it would take a
+    slot a waiting request needs: the middle of a run, not its end)."""
+
+    async def go() -> list[bool]:
+        limiter = AdaptiveLimiter(8)
+        await limiter.acquire()
+        got = [limiter.try_spare()]  # 2 of 8 with it: room
+        await limiter.acquire()
+        got.append(limiter.try_spare())  # 4 of 8 with it: half, still room
+        got.append(limiter.try_spare())  # 5 of 8: more than half
+        for _ in range(4):
+            await limiter.release()
+        small = AdaptiveLimiter(2)
+        await small.acquire()
+        got.append(small.try_spare())  # 2 of 2
+        return got
+
+    assert asyncio.run(go()) == [True, True, False, False]
+
+
+def test_an_attempt_past_the_p99_is_hedged_and_the_first_answer_wins() -> None:
+    sdk = ScriptedSDK(HANG, "second draw")
+    c = client(sdk, deadline=warmed(floor_s=30.0, hedge_share=1.0))
+
+    async def go() -> tuple[Completion, int]:
+        result = await asyncio.wait_for(c.complete(MESSAGES, request_id="r1"), 20.0)
+        await asyncio.sleep(0.01)  # the hedge's slot is given back by a callback
+        return result, c.limiter.in_flight
+
+    result, in_flight = asyncio.run(go())
+    assert result.text == "second draw" and sdk.calls == 2 and sdk.cancelled == 1
+    assert result.retries == {"hedge": 1} and result.attempts == 2
+    assert in_flight == 0
+
+
+def test_without_spare_capacity_a_slow_attempt_waits_for_its_deadline() -> None:
+    sdk = ScriptedSDK(HANG, "fine")
+    c = client(sdk, deadline=warmed(floor_s=0.2, hedge_share=1.0), concurrency=2)
+    result = complete(c)
+    assert result.text == "fine" and result.retries == {"llm_timeout": 1}
+
+
+def test_no_hedge_goes_out_once_the_driver_is_gone() -> None:
+    class DriverGone(Exception):
+        pass
+
+    def gone() -> None:
+        raise DriverGone
+
+    sdk = ScriptedSDK(HANG, "never sent")
+    c = client(sdk, deadline=warmed(floor_s=30.0, hedge_share=1.0), before_send=gone)
+    with pytest.raises(DriverGone):
+        complete(c, guard_s=20.0)
+    assert sdk.calls == 1 and sdk.cancelled == 1  # the first attempt is cancelled too

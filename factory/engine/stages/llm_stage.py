@@ -75,6 +75,7 @@ def build_backend_for(settings: LLMStageSettings) -> Backend:
         # A batch API bills its own (Batch-tier) price: cost and budget count that one.
         price=settings.price,
         sleep=wait_without_slot,  # no retry once the run's driver is gone
+        before_send=watchdog.check,  # no hedge either
         batch_journal=BatchJournal(settings.out_dir) if settings.batched else None,
         run_dir=str(settings.out_dir),
     )

@@ -121,6 +121,7 @@ def build_backend(
     concurrency: int,
     price: Price | None,
     sleep: Callable[[float], Awaitable[object]] | None = None,
+    before_send: Callable[[], None] | None = None,
     batch_journal: BatchJournal | None = None,
     run_dir: str | None = None,
 ) -> Backend:
@@ -137,6 +138,7 @@ def build_backend(
         options=backend_options(plugin, llm.backend_options),
         concurrency=concurrency,
         price=price,
+        before_send=before_send,
         batch_journal=batch_journal,
         run_dir=run_dir,
         **({"sleep": sleep} if sleep is not None else {}),

@@ -115,6 +115,8 @@ class BackendSetup:
         concurrency: requests this actor may have in flight.
         price: the model's price, ``None`` when unpriced (priced at 0).
         sleep: what to await for backoff (stops retrying once the run's driver is gone).
+        before_send: called before a request the engine did not admit itself goes out (a
+            hedge); raises when none may (the run's driver is gone).
         batch_journal: the run's record of submitted batches (batched backends), or
             None (nothing to resume: the backend keeps it in memory).
         run_dir: the run's output folder, or None (no run: ``factory evaluate``, tests);
@@ -128,6 +130,7 @@ class BackendSetup:
     concurrency: int
     price: Price | None
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
+    before_send: Callable[[], None] | None = None
     batch_journal: BatchJournal | None = None
     run_dir: str | None = None
 

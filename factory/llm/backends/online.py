@@ -45,6 +45,7 @@ def build_llm_client(
         min_samples=llm.deadline.min_samples,
         window=llm.deadline.window,
         adaptive=llm.deadline.adaptive,
+        hedge_share=llm.deadline.hedge_share,
     )
     retry = RetryPolicy(
         max_attempts=llm.retry.max_attempts,
@@ -63,6 +64,7 @@ def build_llm_client(
         price=setup.price,
         client_factory=client_factory,
         sleep=setup.sleep,
+        before_send=setup.before_send,
     )
 
 
