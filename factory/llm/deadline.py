@@ -22,7 +22,7 @@ The policy (``llm.deadline`` in the recipe):
   cold are cut once the policy has seen enough;
 * the whole request (every attempt, backoff and waiting for an endpoint) has its own
   deadline, ``llm.deadline.request_s``;
-* an attempt that has run past the observed p99 while the client has spare capacity
+* an attempt that has run past the observed p95 while the client has spare capacity
   (the end of a run) is *hedged*: the same request goes out once more and the first
   answer wins (``hedge_after_s``, at most ``hedge_share`` of the attempts). Why: the
   last answers of a run are a heavy tail's lottery (a 6 s draw of a 200 ms median kept
@@ -80,7 +80,7 @@ class AttemptDeadline:
         self.hedge_share = hedge_share
         self._samples: deque[float] = deque(maxlen=max(window, min_samples))
         self._since_sort = 0
-        self._p99: float | None = None
+        self._sorted: list[float] | None = None  # the window, sorted (refreshed lazily)
         self._max: float | None = None  # slowest sample seen (the cold-start rule)
         # Re-sort after this many new samples: a p99 from a window a few percent stale is
         # as good as a fresh one, and sorting 2k floats per answer would cost real CPU.
@@ -98,17 +98,21 @@ class AttemptDeadline:
             self._since_sort += 1
             self._max = latency_s if self._max is None else max(self._max, latency_s)
             if self._since_sort >= self._resort_every:
-                self._p99 = None
+                self._sorted = None
 
     def p99(self) -> float | None:
         """The 99th percentile of the window (nearest rank), or None when empty."""
+        return self.quantile(0.99)
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the window (nearest rank), or None when empty."""
         if not self._samples:
             return None
-        if self._p99 is None:
-            ordered = sorted(self._samples)
-            self._p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        if self._sorted is None:
+            self._sorted = sorted(self._samples)
             self._since_sort = 0
-        return self._p99
+        ordered = self._sorted
+        return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
     def timeout_s(self) -> float:
         """The deadline for an attempt, in seconds after it was sent."""
@@ -123,11 +127,12 @@ class AttemptDeadline:
         return min(self.ceiling_s, max(self.floor_s, self.p99_factor * p99))
 
     def hedge_after_s(self) -> float | None:
-        """Seconds after which an attempt may be hedged: the observed p99, once the
-        adaptive rule has its samples; None: no hedging (off, or not enough known)."""
+        """Seconds after which an attempt may be hedged: the observed p95 (as "The Tail at
+        Scale" defers hedges), once the adaptive rule has its samples; None: no hedging
+        (off, or not enough known)."""
         if not self.adaptive or self.hedge_share <= 0 or len(self._samples) < self.min_samples:
             return None
-        return self.p99()
+        return self.quantile(0.95)
 
     def may_hedge(self, hedges: int, attempts: int) -> bool:
         """Whether one more hedge stays within ``hedge_share`` of the attempts sent."""

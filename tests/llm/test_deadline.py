@@ -357,8 +357,9 @@ def test_hedging_waits_for_the_p99_and_stays_within_its_share() -> None:
     d = AttemptDeadline(600.0, min_samples=10, hedge_share=0.02)
     assert d.hedge_after_s() is None  # nothing known yet
     for i in range(100):
-        d.observe(2.0 if i == 99 else 0.2)
-    assert d.hedge_after_s() == 0.2  # nearest-rank p99 of 99 x 0.2 s and one 2 s
+        d.observe(1.0 if i >= 95 else 0.2)
+    assert d.hedge_after_s() == 0.2  # nearest-rank p95 of 95 x 0.2 s and 5 x 1 s
+    assert d.p99() == 1.0
     assert d.may_hedge(0, 50) and d.may_hedge(1, 100) and not d.may_hedge(2, 100)
     off = AttemptDeadline(600.0, min_samples=10)  # hedge_share 0: never
     for _ in range(100):
