@@ -77,6 +77,7 @@ class Prompt:
 
 
 _LINE_BREAKS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
+_REFERENCES_KEPT = 8192  # references whose rendering a template remembers (a 1.5k-seed run: all)
 
 
 @lru_cache(maxsize=32)
@@ -103,6 +104,7 @@ class PromptTemplate:
             if block not in self.template.blocks:
                 raise ConfigError(f"template {path.name} lacks block {block!r}", key_path=key_path)
         self.domain = domain
+        self._references: dict[int, tuple[Trajectory, str]] = {}
         tools_json = json.dumps(domain.public_tools(), indent=1, ensure_ascii=False)
         grammar, compose = domain.grammar, domain.compose
         self.directions = grammar.directions if grammar and grammar.directions else DIRECTIONS
@@ -122,12 +124,23 @@ class PromptTemplate:
         return shown(reference)
 
     def reference_json(self, reference: Trajectory) -> str:
-        """A trajectory as the prompts show it (one JSON object, line breaks escaped)."""
+        """A trajectory as the prompts show it (one JSON object, line breaks escaped).
+
+        Remembered per reference object: a run cycles its few thousand seeds through
+        every call, and rendering one was the largest single cost of a worker's event
+        loop after the HTTP exchange (py-spy, the peer benchmark's S1).
+        """
+        known = self._references.get(id(reference))
+        if known is not None and known[0] is reference:
+            return known[1]
         text = json.dumps(self.output_form(reference), indent=1, ensure_ascii=False)
         # json.dumps leaves these raw; str.splitlines() would read them as line breaks,
         # letting a seed start a line of its own inside the prompt.
         for raw, escaped in _LINE_BREAKS:
             text = text.replace(raw, escaped)
+        if len(self._references) >= _REFERENCES_KEPT:
+            self._references.clear()
+        self._references[id(reference)] = (reference, text)  # holding it keeps its id unique
         return text
 
     def _block(self, name: str, **ctx: Any) -> str:

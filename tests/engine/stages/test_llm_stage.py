@@ -4,6 +4,7 @@ of an actor's slots were held by rows asleep in a backoff)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,56 @@ def test_a_hurried_row_still_gives_up_when_the_run_stops() -> None:
 
     with pytest.raises(LLMUnavailable, match="max_cost_usd"):
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "system", "content": "static ✓ \u2028 block"}, {"role": "user", "content": "a"}],
+        [{"content": "keys in any order", "role": "system"}, {"role": "user", "content": "b"}],
+        [{"role": "system", "content": "s", "name": "x"}, {"role": "user", "content": "c"}],
+        [{"role": "user", "content": "no system"}, {"role": "assistant", "content": "d"}],
+        [{"role": "system", "content": "only one"}],
+        [],
+    ],
+    ids=["system-first", "key-order", "extra-key", "no-system", "alone", "empty"],
+)
+def test_the_request_digest_is_the_hash_of_the_canonical_messages(
+    messages: list[dict[str, str]],
+) -> None:
+    """The remembered system block must not change a single request id (the cache is
+    keyed by them): the digest equals hashing the canonical JSON of all messages."""
+    import hashlib
+
+    from factory.core.trajectory import canonical_json
+    from factory.engine.stages.llm_stage import messages_digest
+
+    expected = hashlib.sha256(canonical_json(messages).encode()).hexdigest()
+    assert messages_digest(messages) == expected
+    assert messages_digest(messages) == expected  # remembered: the same again
+    if messages and messages[0].get("role") == "system" and len(messages) > 1:
+        other = [messages[0], {"role": "user", "content": "another call"}]
+        assert messages_digest(other) == hashlib.sha256(canonical_json(other).encode()).hexdigest()
+
+
+def test_a_reference_renders_once_per_template_and_the_same_every_time() -> None:
+    from factory.core.trajectory import Trajectory, Turn
+    from factory.engine.prompts import PromptTemplate
+    from factory.envs.pack import load_domain
+
+    cfg = load_recipe(ROOT / "pipelines/airline.yaml")
+    template = PromptTemplate(ROOT / "prompts/amplify.j2", load_domain(cfg))
+    ref = Trajectory(turns=[Turn(role="user", content="hi \u2028 there")])
+    calls: list[int] = []
+    shown = template.output_form
+
+    def counting(reference: Trajectory) -> Any:
+        calls.append(1)
+        return shown(reference)
+
+    template.output_form = counting  # type: ignore[method-assign]
+    first = template.reference_json(ref)
+    assert template.reference_json(ref) == first and len(calls) == 1
+    assert "\\u2028" in first and "\u2028" not in first
+    twin = Trajectory(turns=[Turn(role="user", content="hi \u2028 there")])
+    assert template.reference_json(twin) == first and len(calls) == 2  # by object, not value
