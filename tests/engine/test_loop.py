@@ -226,3 +226,25 @@ def test_the_item_later_results_wait_for_is_hurried_out_of_its_backoff() -> None
     assert stopped is None and planner.seen == sorted(planner.seen)
     assert planner.accepted[0] == "row-0" and len(planner.accepted) == 20
     assert time.monotonic() - started < 30.0  # not the 60 s backoff
+
+
+def test_an_item_is_hurried_once_after_it_held_back_results_for_a_while() -> None:
+    from factory.engine.loop import HURRY_AFTER_S, _hurry
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[list[tuple[str, int]]] = []
+
+        def hurry(self, keys: list[tuple[str, int]]) -> None:
+            self.calls.append(list(keys))
+
+    pool = Recorder()
+    state = _hurry(pool, [("calls", 3)], {}, 100.0)  # type: ignore[arg-type]
+    state = _hurry(pool, [("calls", 3)], state, 100.0 + HURRY_AFTER_S / 2)  # type: ignore[arg-type]
+    assert pool.calls == []  # a moment's wait in a healthy run: nothing to hurry
+    state = _hurry(pool, [("calls", 3), ("seeds", 0)], state, 100.0 + HURRY_AFTER_S)  # type: ignore[arg-type]
+    assert pool.calls == [[("calls", 3)]]
+    state = _hurry(pool, [("calls", 3), ("seeds", 0)], state, 100.0 + 3 * HURRY_AFTER_S)  # type: ignore[arg-type]
+    assert pool.calls == [[("calls", 3)], [("seeds", 0)]]  # each once
+    state = _hurry(pool, [("calls", 4)], state, 200.0)  # type: ignore[arg-type]
+    assert state == {("calls", 4): 200.0}  # released ones are forgotten
