@@ -172,10 +172,11 @@ class DeadlineConfig(_Strict):
         0.02,
         ge=0,
         le=0.5,
-        description="Hedged requests: an attempt running past the observed p95 while the "
-        "actor uses at most half of its slots (the end of a run) is sent once more and the "
-        "first answer wins (the other is cancelled; if both arrive, both are counted in "
-        "the row's cost). At most this share of the attempts are hedges; 0 turns it off.",
+        description="Hedged requests: an attempt running past the observed p95 and twice "
+        "the median while the actor uses at most half of its slots (the end of a run) is "
+        "sent once more and the first answer wins (the other is cancelled; if both arrive, "
+        "both are counted in the row's cost). At most this share of the attempts are "
+        "hedges; 0 turns it off.",
     )
     request_s: float | None = Field(
         3600.0,

@@ -22,7 +22,8 @@ The policy (``llm.deadline`` in the recipe):
   cold are cut once the policy has seen enough;
 * the whole request (every attempt, backoff and waiting for an endpoint) has its own
   deadline, ``llm.deadline.request_s``;
-* an attempt that has run past the observed p95 while the client has spare capacity
+* an attempt that has run past the observed p95 (and twice the median) while the client
+  has spare capacity
   (the end of a run) is *hedged*: the same request goes out once more and the first
   answer wins (``hedge_after_s``, at most ``hedge_share`` of the attempts). Why: the
   last answers of a run are a heavy tail's lottery (a 6 s draw of a 200 ms median kept
@@ -128,11 +129,14 @@ class AttemptDeadline:
 
     def hedge_after_s(self) -> float | None:
         """Seconds after which an attempt may be hedged: the observed p95 (as "The Tail at
-        Scale" defers hedges), once the adaptive rule has its samples; None: no hedging
-        (off, or not enough known)."""
+        Scale" defers hedges) and at least twice the median, so a server whose answers all
+        take about as long (a fixed latency) is never hedged for its jitter; None: no
+        hedging (off, or not enough known)."""
         if not self.adaptive or self.hedge_share <= 0 or len(self._samples) < self.min_samples:
             return None
-        return self.quantile(0.95)
+        p95, median = self.quantile(0.95), self.quantile(0.5)
+        assert p95 is not None and median is not None
+        return max(p95, 2.0 * median)
 
     def may_hedge(self, hedges: int, attempts: int) -> bool:
         """Whether one more hedge stays within ``hedge_share`` of the attempts sent."""
