@@ -168,15 +168,17 @@ class DeadlineConfig(_Strict):
     window: int = Field(
         2048, ge=1, description="Most recent attempt latencies the p99 is taken over."
     )
-    hedge_share: float = Field(
-        0.02,
+    hedge_share: float | None = Field(
+        None,
         ge=0,
         le=0.5,
         description="Hedged requests: an attempt running past the observed p95 and twice "
         "the median while the actor uses at most half of its slots (the end of a run) is "
         "sent once more and the first answer wins (the other is cancelled; if both arrive, "
         "both are counted in the row's cost). At most this share of the attempts are "
-        "hedges; 0 turns it off.",
+        "hedges; 0 turns it off. Default: 0.02 when every endpoint is on this machine (a "
+        "vLLM server stops a cancelled request: it costs nothing), else 0 (a provider may "
+        "bill a cancelled request's tokens): set it for a vLLM pool on other nodes.",
     )
     request_s: float | None = Field(
         3600.0,

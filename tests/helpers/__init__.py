@@ -82,6 +82,10 @@ def dev_overrides(*urls: str, target: int, **extra: Any) -> list[str]:
         "llm.retry.max_delay_s=0.5",
         "llm.timeout_s=10",
         "amplify.max_cost_usd=null",
+        # These runs count paid answers exactly (nothing paid twice, a resume costs what an
+        # uninterrupted run costs); a hedge whose two answers both arrive would be paid
+        # twice, by design. Hedging is tested in tests/llm/test_deadline.py.
+        "llm.deadline.hedge_share=0",
     ]
     items.append("llm.endpoints=" + json.dumps([{"base_url": u} for u in urls]))
     items += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]

@@ -154,6 +154,34 @@ def test_the_http_backends_are_online_backends_over_one_client(tmp_path: Path, n
     asyncio.run(backend.aclose())
 
 
+@pytest.mark.parametrize(
+    ("url", "setting", "share"),
+    [
+        ("http://127.0.0.1:8000/v1", None, 0.02),  # a local vLLM: a cancel costs nothing
+        ("https://api.openai.com/v1", None, 0.0),  # a provider may bill a cancelled request
+        ("https://api.openai.com/v1", 0.05, 0.05),  # asked for
+        ("http://127.0.0.1:8000/v1", 0, 0.0),  # turned off
+    ],
+    ids=["local", "provider", "provider-asked", "local-off"],
+)
+def test_hedging_is_on_by_default_only_where_a_cancel_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, setting: float | None, share: float
+) -> None:
+    from factory.engine.stages.llm_stage import build_backend_for
+    from factory.llm.backends.online import ClientBackend
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    overrides = [
+        "llm.endpoints=" + json.dumps([{"base_url": url, "api_key_env": "OPENAI_API_KEY"}])
+    ]
+    if setting is not None:
+        overrides.append(f"llm.deadline.hedge_share={setting}")
+    backend = build_backend_for(stage_settings(cfg_for(tmp_path, *overrides), model="gpt-5"))
+    assert isinstance(backend, ClientBackend)
+    assert backend.client.deadline.hedge_share == share
+    asyncio.run(backend.aclose())
+
+
 def test_backend_options_are_checked_by_the_backends_config_model(echo: None) -> None:
     cfg = load_recipe(
         ROOT / "pipelines" / "airline.yaml",

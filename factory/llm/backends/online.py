@@ -16,7 +16,9 @@ from factory.llm.deadline import AttemptDeadline
 from factory.llm.pool import Endpoint, EndpointPool
 from factory.llm.retry import RetryPolicy
 
-__all__ = ["ClientBackend", "build_llm_client"]
+__all__ = ["DEFAULT_HEDGE_SHARE", "ClientBackend", "build_llm_client"]
+
+DEFAULT_HEDGE_SHARE = 0.02  # llm.deadline.hedge_share when every endpoint is on this machine
 
 
 def build_llm_client(
@@ -38,6 +40,9 @@ def build_llm_client(
             for e in llm.endpoints
         ]
     )
+    hedge_share = llm.deadline.hedge_share
+    if hedge_share is None:  # hedge where a cancelled request costs nothing
+        hedge_share = DEFAULT_HEDGE_SHARE if all(e.is_local for e in pool.endpoints) else 0.0
     deadline = AttemptDeadline(
         llm.timeout_s,
         floor_s=llm.deadline.floor_s,
@@ -45,7 +50,7 @@ def build_llm_client(
         min_samples=llm.deadline.min_samples,
         window=llm.deadline.window,
         adaptive=llm.deadline.adaptive,
-        hedge_share=llm.deadline.hedge_share,
+        hedge_share=hedge_share,
     )
     retry = RetryPolicy(
         max_attempts=llm.retry.max_attempts,
