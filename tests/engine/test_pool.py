@@ -103,7 +103,7 @@ def test_a_hurried_item_leaves_its_backoff_on_its_actor(ray_session: Any) -> Non
     pool = ActorPool({"b": [(Backoff, ())]}, actors=2, num_cpus=0.25, capacity=4)
     try:
         pool.submit([Item("s", k, "b", {"call_index": k}) for k in range(4)])
-        first = _drain(pool, 3, timeout=20)
+        first = _drain(pool, 3)
         pool.hurry([("s", 0), ("s", 99)])  # 99: never issued, ignored
         rest = _drain(pool, 1, timeout=30)
     finally:
