@@ -148,7 +148,7 @@ def drive(
     ``cache_write``, the planner's or the health check's reason), or None."""
     reorder = Reorder()
     llm_keys: set[tuple[str, int]] = set()
-    hurried: dict[tuple[str, int], float | None] = {}
+    blocked_since: dict[tuple[str, int], float | None] = {}  # None: hurried already
     stop: str | None = None
     planner, sink = job.planner, job.sink
     while True:
@@ -191,7 +191,7 @@ def drive(
                 if kind is not None and kind != "unissued":
                     ledger.decided(row, kind)
             planner.observe(result)
-        hurried = _hurry(pool, reorder.blocking(), hurried, time.monotonic())
+        blocked_since = _hurry(pool, reorder.blocking(), blocked_since, time.monotonic())
         if health is not None and stop is None:
             why = health.report(reports, ledger)
             if why is not None:

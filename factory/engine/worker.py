@@ -112,7 +112,7 @@ class Worker:
         retries stop waiting out the backoff's jitter (``HURRY``). Unknown keys (done
         meanwhile) are ignored."""
         for key in keys:
-            event = self._hurry.get(tuple(key))  # type: ignore[arg-type]
+            event = self._hurry.get(tuple(key))  # type: ignore[arg-type]  # Ray may send lists
             if event is not None:
                 event.set()
 

@@ -453,8 +453,9 @@ class LLMClient:
         """Await one attempt until its deadline, re-read while waiting (the policy may
         tighten once it has seen enough answers); cancel it when the deadline passes.
 
-        Past the observed p99, with spare capacity and hedge budget left, the same request
-        goes out once more (``AttemptDeadline.hedge_after_s``; counted in ``hedges``);
+        Past ``AttemptDeadline.hedge_after_s`` (the observed p95, at least twice the
+        median), with spare capacity and hedge budget left, the same request goes out
+        once more (counted in ``hedges``);
         the first answer wins and the other is cancelled. Returns the answer and any other
         answer that arrived with it (paid too: its cost is counted).
         """

@@ -23,12 +23,11 @@ The policy (``llm.deadline`` in the recipe):
 * the whole request (every attempt, backoff and waiting for an endpoint) has its own
   deadline, ``llm.deadline.request_s``;
 * an attempt that has run past the observed p95 (and twice the median) while the client
-  has spare capacity
-  (the end of a run) is *hedged*: the same request goes out once more and the first
-  answer wins (``hedge_after_s``, at most ``hedge_share`` of the attempts). Why: the
-  last answers of a run are a heavy tail's lottery (a 6 s draw of a 200 ms median kept
-  a 3,000-call phase open for 2 s with one request in flight); a second draw is
-  almost surely short. "The Tail at Scale" (Dean and Barroso, 2013).
+  has spare capacity (the end of a run) is *hedged*: the same request goes out once more
+  and the first answer wins (``hedge_after_s``, at most ``hedge_share`` of the attempts).
+  Why: the last answers of a run are a heavy tail's lottery (a 6 s draw of a 200 ms
+  median kept a 3,000-call phase open for 2 s with one request in flight); a second draw
+  is almost surely short. "The Tail at Scale" (Dean and Barroso, 2013).
 
 With a lognormal tail of p99 = 10 x median, a deadline of 4 x p99 cuts about 3 in
 10,000 healthy answers (each then costs one retry), and a hung attempt is cut after
