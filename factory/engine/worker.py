@@ -9,6 +9,12 @@ done). LLM stages bound their requests with their own slots; a chain whose LLM
 stage feeds a batched backend (a batch API) runs each submitted chunk as one
 batch instead, since that backend wants many requests per call.
 
+Requests go out before post-processing: a row whose answer came back gives the loop a
+few turns before its CPU stages run, so the request its freed slot woke (and any other
+woken one) is on the wire first. Answers arrive in bursts; without this, every row of a
+burst parsed, validated and labelled its answer while the server's freed slots sat
+idle (``SEND_FIRST_TURNS``).
+
 ``stop(reason)`` refuses every request not sent yet: its row comes back
 ``unissued`` with that reason (a budget cap), or the item comes back cancelled
 (``NOT_NEEDED``: the run reached its target and the item was never started).
@@ -34,6 +40,10 @@ from factory.engine.work import Item, ItemResult
 
 __all__ = ["NOT_NEEDED", "Worker"]
 COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
+# Loop turns a row yields between its LLM stage and its CPU stages. A woken request
+# needs three to reach the socket (its slot's wake-up, the request task, aiohttp's
+# body writer: counted in a run's actors, 2026-11-26); one more is margin.
+SEND_FIRST_TURNS = 4
 
 
 class Worker:
@@ -159,8 +169,10 @@ class Worker:
         rows = [start_row(item)]
         HURRY.set(self._hurry.setdefault(item.key, asyncio.Event()))  # this task's context
         try:
-            for stage in chain:
+            for i, stage in enumerate(chain):
                 rows = await run_stage(stage, rows)
+                if stage.is_async and i + 1 < len(chain) and not chain[i + 1].is_async:
+                    await send_first()
         finally:
             self._hurry.pop(item.key, None)
             self._finish(item, rows)
@@ -213,6 +225,13 @@ class Worker:
         for stage in self.stages():
             with contextlib.suppress(Exception):
                 await stage.aclose()
+
+
+async def send_first() -> None:
+    """Give the loop ``SEND_FIRST_TURNS`` turns: requests woken before this point are
+    written before what follows (a row's CPU stages) runs."""
+    for _ in range(SEND_FIRST_TURNS):
+        await asyncio.sleep(0)
 
 
 def start_row(item: Item) -> dict[str, Any]:

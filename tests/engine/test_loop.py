@@ -160,6 +160,48 @@ def test_work_not_needed_when_the_target_is_reached_never_starts() -> None:
     assert all(r.cancelled and r.rows == [] for r in got)
 
 
+def test_a_request_a_freed_slot_woke_goes_out_before_the_answer_is_post_processed() -> None:
+    """Answers come back in bursts: the requests their freed slots wake are written
+    before any of the answers is post-processed (``worker.SEND_FIRST_TURNS``)."""
+    from factory.engine.worker import Worker
+
+    events: list[str] = []
+
+    class OneSlot(Stage):
+        name = "amplify"
+        requires = ("call_index",)
+        slot: asyncio.Semaphore | None = None
+
+        async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+            if self.slot is None:
+                self.slot = asyncio.Semaphore(1)
+            async with self.slot:
+                for _ in range(2):  # like aiohttp: the request's task, then its body writer
+                    await asyncio.sleep(0)
+                events.append(f"sent {row['call_index']}")
+                await asyncio.sleep(0.01)  # the answer
+            return row
+
+    class Post(Stage):
+        name = "postprocess"
+        requires = ("call_index",)
+
+        def process(self, row: dict[str, Any]) -> dict[str, Any]:
+            events.append(f"post {row['call_index']}")
+            return {**row, "output": "x"}
+
+    async def scenario() -> None:
+        worker = Worker({"c": [(OneSlot, ()), (Post, ())]})
+        await worker.submit([Item("calls", k, "c", {"call_index": k}, llm=True) for k in range(3)])
+        got: list[ItemResult] = []
+        while len(got) < 3:
+            got += (await worker.collect(1.0))[0]
+        await worker.aclose()
+
+    asyncio.run(scenario())
+    assert events == ["sent 0", "sent 1", "post 0", "sent 2", "post 1", "post 2"]
+
+
 @pytest.mark.parametrize("stream_count", [1, 2])
 def test_rows_of_one_item_stay_together_and_in_order(stream_count: int) -> None:
     class Fan(Stage):
