@@ -10,6 +10,8 @@ errors the factory had already explained. Here:
   standard error (file descriptor 2: Ray's Python loggers, its C++ logs, the
   worker lines it forwards, warnings) goes to ``OUT/logs/run.log``; the console
   keeps the factory's own messages (``factory.*`` loggers at WARNING) and the bar.
+  ``end_own_ray()`` shuts down, inside the block, the Ray session the block
+  started (the runner writes the report meanwhile).
 * ``ProgressBar``: tqdm with an ETA from the completion rate of the current
   phase, shown only once enough rows have completed.
 * ``expected_error``: a ``FactoryError`` raised inside a Ray task or actor,
@@ -40,6 +42,7 @@ __all__ = [
     "PhaseRate",
     "ProgressBar",
     "console",
+    "end_own_ray",
     "expected_error",
     "plain_line",
     "process_start_time",
@@ -55,6 +58,7 @@ _CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _console: IO[str] | None = None  # set while quiet_ray redirects standard error
+_ray_was_running = True  # inside quiet_ray: was a Ray session up when the block began?
 _clock: tuple[float, str] | None = None
 
 
@@ -137,7 +141,7 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
     A Ray session started inside the block is shut down before it ends, so its
     shutdown lines land in the log too. Yields the log's path.
     """
-    global _console
+    global _console, _ray_was_running
     log_path = Path(out_dir) / LOG_FILE
     log_path.parent.mkdir(parents=True, exist_ok=True)
     saved_fd = os.dup(2)
@@ -158,7 +162,7 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
     root = logging.getLogger()
     root.addHandler(file_handler)
     install_log_redaction()
-    ray_was_running = _ray_running()
+    previous_ray, _ray_was_running = _ray_was_running, _ray_running()
     sys.stderr.flush()
     os.dup2(log_fd, 2)
     # Kept by name: whatever replaces sys.stderr during the block, this stream is closed.
@@ -169,12 +173,9 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
         yield log_path
     finally:
         try:
-            if not ray_was_running and _ray_running():
-                _log_ray_dir()
-                from factory.engine.raycompat import shutdown_ray
-
-                shutdown_ray()
+            end_own_ray()
         finally:
+            _ray_was_running = previous_ray
             if sys.stderr is not ours:
                 with contextlib.suppress(Exception):
                     sys.stderr.flush()
@@ -196,6 +197,17 @@ def _fileno(stream: Any) -> int | None:
         return int(stream.fileno())
     except (AttributeError, OSError, ValueError):
         return None
+
+
+def end_own_ray() -> None:
+    """Inside ``quiet_ray``: shut down the Ray session the block started, if one is up
+    (its shutdown lines go to the log); a session that was up before the block (a
+    test's, a notebook's) is left alone. Outside a block: nothing."""
+    if _console is not None and not _ray_was_running and _ray_running():
+        _log_ray_dir()
+        from factory.engine.raycompat import shutdown_ray
+
+        shutdown_ray()
 
 
 def _ray_running() -> bool:
