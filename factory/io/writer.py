@@ -110,8 +110,14 @@ class ShardWriter:
     """Buffer rows and write Parquet shards of at most ``shard_rows`` rows.
 
     Shards are numbered in order; ``start_index`` lets a resumed run continue
-    numbering after the shards it keeps.
+    numbering after the shards it keeps. Rows become Arrow record batches of
+    ``BATCH_ROWS`` as they come (the driver mostly waits for results meanwhile), so
+    the last shard of a run is not converted all at once when the run ends: 3,000
+    airline rows took 0.35 s there, and pyarrow's first conversion imports pandas
+    (0.4 s).
     """
+
+    BATCH_ROWS = 256
 
     def __init__(
         self,
@@ -130,22 +136,33 @@ class ShardWriter:
         self.rows_written = 0
         self.files: dict[str, int] = {}  # path relative to out_dir -> rows written
         self.checksums: dict[str, str] = {}  # path relative to out_dir -> sha256 of the file
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[dict[str, Any]] = []  # rows not converted yet
+        self._batches: list[pa.RecordBatch] = []  # converted rows of the next shard
+        self._buffered = 0  # rows of the next shard, both kinds
 
     def add(self, row: dict[str, Any]) -> None:
         self._buffer.append(row)
-        if len(self._buffer) >= self.shard_rows:
+        self._buffered += 1
+        if self._buffered >= self.shard_rows:
             self.flush()
+        elif len(self._buffer) >= self.BATCH_ROWS:
+            self._convert()
+
+    def _convert(self) -> None:
+        if self._buffer:
+            self._batches.append(pa.RecordBatch.from_pylist(self._buffer, schema=self.schema))
+            self._buffer = []
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
             self.add(row)
 
     def flush(self) -> None:
-        if not self._buffer:
+        self._convert()
+        if not self._buffered:
             return
         name = f"part-{self.index:05d}.parquet"
-        table = pa.Table.from_pylist(self._buffer, schema=self.schema)
+        table = pa.Table.from_batches(self._batches, schema=self.schema)
         with writing(self.dir / name):
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = _tmp_path(self.out_dir, name)
@@ -157,11 +174,11 @@ class ShardWriter:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
         rel = (self.dir / name).relative_to(self.out_dir).as_posix()
-        self.files[rel] = len(self._buffer)
+        self.files[rel] = self._buffered
         self.checksums[rel] = digest
-        self.rows_written += len(self._buffer)
+        self.rows_written += self._buffered
         self.index += 1
-        self._buffer = []
+        self._batches, self._buffered = [], 0
 
     def close(self) -> None:
         self.flush()
