@@ -8,6 +8,11 @@ about half of what the servers allowed (BENCHMARKS.md). This transport sends
 the same request body and reads the same response, with one JSON encode and
 one JSON decode per call. ``llm.transport: openai`` keeps the SDK.
 
+A prompt's static block, its system message, is the same for every call of a stage
+(23 KB in the airline recipe): ``encode_body`` encodes a long system message once and
+splices it into each body, byte for byte what ``json.dumps`` writes (77 -> 17 us a
+body of 29 KB).
+
 It plugs into ``LLMClient`` through ``client_factory`` and mimics the small part
 of the SDK surface the client reads (``chat.completions.create`` returning an
 object with ``choices[0].message``, ``usage``, ``model``, ``system_fingerprint``).
@@ -28,7 +33,51 @@ import aiohttp
 from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
 from factory.llm.pool import Endpoint
 
-__all__ = ["HTTPChatClient", "aiohttp_client_factory", "namespace"]
+__all__ = ["HTTPChatClient", "aiohttp_client_factory", "encode_body", "namespace"]
+
+# A system message this long is encoded once and its JSON reused.
+_REUSED_CHARS = 2048
+_REUSED_KEPT = 64  # encoded messages kept (a run has one static block per stage)
+_STATIC_ROLES = ("system", "developer")
+_encoded: dict[tuple[str, str], str] = {}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _message_json(message: Any) -> str:
+    if (
+        isinstance(message, dict)
+        and tuple(message) == ("role", "content")  # the key order is part of the bytes
+        and message["role"] in _STATIC_ROLES
+        and isinstance(message["content"], str)
+        and len(message["content"]) >= _REUSED_CHARS
+    ):
+        key = (message["role"], message["content"])
+        text = _encoded.get(key)
+        if text is None:
+            if len(_encoded) >= _REUSED_KEPT:
+                _encoded.clear()
+            text = _encoded[key] = _dumps(message)
+        return text
+    return _dumps(message)
+
+
+def encode_body(payload: dict[str, Any]) -> bytes:
+    """``json.dumps(payload, ensure_ascii=False).encode()``, with each long message
+    encoded once per process (see the module's docstring)."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(k, str) for k in payload):
+        return _dumps(payload).encode()
+    parts = []
+    for key, value in payload.items():
+        if key == "messages":
+            text = "[" + ", ".join(_message_json(m) for m in messages) + "]"
+        else:
+            text = _dumps(value)
+        parts.append(f"{_dumps(key)}: {text}")
+    return ("{" + ", ".join(parts) + "}").encode()
 
 
 def namespace(value: Any) -> Any:
@@ -70,7 +119,7 @@ class HTTPChatClient:
     async def post_chat(self, kwargs: dict[str, Any]) -> Any:
         headers = {**self._headers, **(kwargs.get("extra_headers") or {})}
         payload = {k: v for k, v in kwargs.items() if k != "extra_headers"}  # kwargs is reused
-        body = json.dumps(payload, ensure_ascii=False).encode()
+        body = encode_body(payload)
         async with self._get_session().post(self.url, data=body, headers=headers) as resp:
             raw = await resp.read()
             status = resp.status
