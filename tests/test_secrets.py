@@ -81,6 +81,8 @@ def test_short_values_are_not_registered() -> None:
     ("text", "expected"),
     [
         ("Authorization: Bearer abcdefghijkl", f"Authorization: Bearer {MASK}"),
+        ("authorization: BEARER abcdefghijkl", f"authorization: BEARER {MASK}"),
+        ("authorization: bEaReR\tabcdefghijkl", f"authorization: bEaReR\t{MASK}"),
         ("key sk-proj-ABCDEFGHIJKLMNOPQRST end", f"key {MASK} end"),
         ("nothing secret here", "nothing secret here"),
     ],
@@ -181,3 +183,12 @@ def test_registered_key_never_survives_redaction(key: str, prefix: str, suffix: 
     secrets.clear_secrets()
     register_secret(key)
     assert key not in redact(prefix + key + suffix)
+
+
+def test_a_secret_registered_after_redaction_began_is_masked_too() -> None:
+    register_secret(KEY)
+    assert redact(f"a {KEY}") == f"a {MASK}"
+    later = "later-secret-0123456789"
+    assert redact(f"b {later}") == f"b {later}"  # not registered yet
+    register_secret(later)
+    assert redact(f"b {later} {KEY}") == f"b {MASK} {MASK}"
