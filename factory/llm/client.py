@@ -42,7 +42,7 @@ from factory.llm.errormap import translate_error
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
-from factory.llm.pricing import Price, cost
+from factory.llm.pricing import Price, add_usage, cost
 from factory.llm.retry import RetryPolicy, call_with_retry, must_wait
 from factory.secrets import PLACEHOLDER_KEY, api_key_from_env
 
@@ -425,7 +425,11 @@ class LLMClient:
             completion = self._parse(response, name)
             for extra in also_paid:  # a hedge whose answer came too: it was paid as well
                 other = self._parse(extra, name)
-                completion = replace(completion, cost_usd=completion.cost_usd + other.cost_usd)
+                completion = replace(
+                    completion,
+                    cost_usd=completion.cost_usd + other.cost_usd,
+                    usage=add_usage(completion.usage, other.usage),
+                )
         except asyncio.CancelledError:
             self._pool.release(lease, None, self._clock() - sent)
             raise

@@ -31,6 +31,7 @@ __all__ = [
     "PRICES_SOURCE",
     "Price",
     "PriceTable",
+    "add_usage",
     "cost",
     "token_counts",
 ]
@@ -97,8 +98,12 @@ DEFAULT_BATCH_PRICES: dict[str, Price] = {
 _SNAPSHOT_RE = re.compile(r"-\d{4}-\d{2}-\d{2}$")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+    return int(value) if _is_number(value) else 0
 
 
 def token_counts(usage: Mapping[str, Any] | Any) -> tuple[int, int, int]:
@@ -124,6 +129,22 @@ def token_counts(usage: Mapping[str, Any] | Any) -> tuple[int, int, int]:
     if reasoning and _int(total) == prompt + completion + reasoning:
         completion += reasoning  # reported beside completion_tokens, not inside it
     return prompt - cached, cached, completion
+
+
+def add_usage(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two usage blocks as one: numbers added, nested blocks (``prompt_tokens_details``
+    ...) added key by key, anything else taken from ``a``. For two paid answers to
+    one request (a hedge that answered too): both count in tokens as in cost."""
+    out: dict[str, Any] = dict(a)
+    for key, value in b.items():
+        mine = out.get(key)
+        if isinstance(value, Mapping) and (mine is None or isinstance(mine, Mapping)):
+            out[key] = add_usage(mine or {}, value)
+        elif _is_number(value) and (mine is None or _is_number(mine)):
+            out[key] = (mine or 0) + value
+        else:
+            out.setdefault(key, value)
+    return out
 
 
 def cost(usage: Mapping[str, Any] | Any, price: Price | None) -> float:

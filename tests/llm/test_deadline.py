@@ -406,6 +406,46 @@ def test_an_attempt_past_the_p99_is_hedged_and_the_first_answer_wins() -> None:
     assert in_flight == 0
 
 
+def test_a_hedge_that_answers_with_the_first_attempt_is_paid_and_counted_in_tokens() -> None:
+    """Both answers arrived: the first is used, the other was paid too, so the result
+    carries both answers' cost and tokens (the ledger counts what the provider bills)."""
+    answered = asyncio.Event()
+
+    class BothAnswer(ScriptedSDK):
+        async def _create(self, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                await answered.wait()  # answers the moment the hedge does
+                return response("first")
+            answered.set()
+            return response("hedge")
+
+    sdk = BothAnswer()
+    c = client(sdk, deadline=warmed(floor_s=30.0, hedge_share=1.0))
+    result = complete(c)
+    assert sdk.calls == 2 and result.retries == {"hedge": 1}
+    assert result.text == "first"
+    assert result.usage == {"prompt_tokens": 6, "completion_tokens": 2}
+
+
+def test_usage_blocks_add_up_key_by_key() -> None:
+    from factory.llm.pricing import add_usage, token_counts
+
+    a = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+         "prompt_tokens_details": {"cached_tokens": 8}}  # fmt: skip
+    b = {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
+         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": None},
+         "completion_tokens_details": {"reasoning_tokens": 2}, "model": "x"}  # fmt: skip
+    both = add_usage(a, b)
+    assert both == {
+        "prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30,
+        "prompt_tokens_details": {"cached_tokens": 8, "audio_tokens": None},
+        "completion_tokens_details": {"reasoning_tokens": 2}, "model": "x",
+    }  # fmt: skip
+    assert token_counts(both) == (12, 8, 10)
+    assert a["prompt_tokens_details"] == {"cached_tokens": 8}  # the inputs are not changed
+
+
 def test_without_spare_capacity_a_slow_attempt_waits_for_its_deadline() -> None:
     sdk = ScriptedSDK(HANG, "fine")
     c = client(sdk, deadline=warmed(floor_s=0.2, hedge_share=1.0), concurrency=2)
