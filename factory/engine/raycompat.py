@@ -8,6 +8,7 @@ stages stay plain Python.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import warnings
 from typing import Any
@@ -79,6 +80,11 @@ def shutdown_ray(timeout_s: float = 30.0) -> None:
     a test failure: a fresh-clone CI run, 2026-11-22), and a Ray started next races the
     old one for the machine. The handles are taken before the shutdown and reaped after.
     """
+    # Ray objects in cyclic garbage (an actor handle, an ObjectRef) must be freed while
+    # Ray is up: freed later by a collection in any thread, the C++ core aborts the
+    # process ("The core worker has already been shutdown", exit 1; seen when the report
+    # was written beside the shutdown, 2026-11-26).
+    gc.collect()
     node = getattr(ray._private.worker, "_global_node", None)
     handles = [
         info.process

@@ -43,6 +43,7 @@ __all__ = [
     "ShardWriter",
     "atomic_write_text",
     "file_sha256",
+    "prepare_conversion",
     "write_dataset_info",
     "writing",
 ]
@@ -104,6 +105,15 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def prepare_conversion() -> None:
+    """Make pyarrow import what its first conversion of Python rows needs (pandas,
+    0.2-0.4 s) now. The runner calls this in a thread while Ray starts: done by the
+    first shard batch instead, in the middle of the calls, it held the driver so long
+    that the workers' queues ran dry (4 of 5 runs of the peer benchmark's S1 lost ~10 of
+    64 slots for a second, 2026-11-26)."""
+    pa.RecordBatch.from_pylist([], schema=SHAREGPT_SCHEMA)
 
 
 class ShardWriter:
