@@ -109,7 +109,7 @@ def file_sha256(path: Path) -> str:
 
 def prepare_conversion() -> None:
     """Make pyarrow import what its first conversion of Python rows needs (pandas,
-    0.2-0.4 s) now. The runner calls this in a thread while Ray starts: done by the
+    0.2-0.4 s) now. The runner calls this in a thread while the actors start: done by the
     first shard batch instead, in the middle of the calls, it held the driver so long
     that the workers' queues ran dry (4 of 5 runs of the peer benchmark's S1 lost ~10 of
     64 slots for a second, 2026-11-26)."""
