@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult
-from factory.engine.worker import Worker
+from factory.engine.worker import Worker, freeze_heap
 
 __all__ = ["ActorPool", "LocalPool", "Pool", "WorkerActor"]
 
@@ -77,6 +77,7 @@ class WorkerActor:
 
         watchdog.start(lifeline=lifeline)  # no request leaves once the driver is gone
         self.worker = Worker(chains, health=self._health)
+        freeze_heap()
 
     def _health(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

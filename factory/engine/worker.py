@@ -38,7 +38,7 @@ from factory.engine.stages.base import (
 )
 from factory.engine.work import Item, ItemResult
 
-__all__ = ["NOT_NEEDED", "Worker"]
+__all__ = ["NOT_NEEDED", "Worker", "freeze_heap"]
 COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
 # Loop turns a row yields between its LLM stage and its CPU stages. A woken request
 # needs three to reach the socket (its slot's wake-up, the request task, aiohttp's
@@ -225,6 +225,19 @@ class Worker:
         for stage in self.stages():
             with contextlib.suppress(Exception):
                 await stage.aclose()
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every object alive now out of the cyclic collector's view
+    (``gc.freeze``). A worker actor calls it once it is set up: what lives for the whole
+    run in its process (Ray, pyarrow, aiohttp, the factory: ~136k objects) is
+    then never walked again, and a full collection, which the allocations of hundreds of
+    answers a second trigger every few seconds, pauses the loop for what the run
+    allocated instead of ~70 ms, during which no freed slot is refilled."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 async def send_first() -> None:
