@@ -216,8 +216,9 @@ def stop_head(head: subprocess.Popen[Any]) -> None:
     """End a Ray head started in a session of its own, and every process of that session.
 
     Ctrl-C to its process group first (what a person at its terminal does), SIGTERM when it
-    has not ended after 15 s (a full-suite run once waited 60 s on a head that ignored the
-    Ctrl-C), SIGKILL after 15 s more, SIGKILL again for whatever outlived it in its group,
+    has not ended after 5 s (a full-suite run once waited 60 s on a head that ignored the
+    Ctrl-C; the serve tests' head took 30 s of 15 + 15 to end, 2026-11-26), SIGKILL after
+    5 s more, SIGKILL again for whatever outlived it in its group,
     and last the processes it had started that left the group (Ray's workers): a test
     never leaves a process behind, whatever failed before.
     """
@@ -230,7 +231,7 @@ def stop_head(head: subprocess.Popen[Any]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=15 if sig != signal.SIGKILL else None)
+            head.wait(timeout=5 if sig != signal.SIGKILL else None)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(head.pid, signal.SIGKILL)
     _, alive = psutil.wait_procs(tree, timeout=30)
