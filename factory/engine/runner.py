@@ -110,15 +110,16 @@ def caps_of(cfg: RecipeConfig) -> Caps:
 
 
 def worker_capacity(cfg: RecipeConfig) -> int:
-    """Items one worker holds at once: three times its LLM request slots, or a few CPU
-    items. A finished request's slot is refilled from the worker's queue without waiting
-    for the driver; the queue must outlast a driver held up for a moment (the driver
-    shares the machine with the workers and the server): with twice the slots, 32 queued
-    items lasted 0.2 s in the peer benchmark's S1 and a driver's pause left slots idle
-    (about 20 idle slot-seconds in the middle of a 10 s run; 16 with three times, as
-    the plain asyncio client, 2026-11-26)."""
+    """Items one worker holds at once: twice its LLM request slots (a finished request's
+    slot is refilled from its queue without waiting for the driver), or a few CPU items.
+
+    Three times the slots left fewer slots idle in the peer benchmark's S1 (16 against 20
+    idle slot-seconds in the middle of a 10 s run, noisy), but a run whose every call
+    fails then took 139 s instead of 42 s to stop
+    (``tests/e2e/test_budget.py::test_a_run_whose_calls_all_fail_exits_incomplete_not_0``):
+    each queued item still goes through its failure. Kept at twice (2026-11-26)."""
     if cfg.pipeline == "amplify" and cfg.llm is not None:
-        return 3 * per_actor_concurrency(cfg)
+        return 2 * per_actor_concurrency(cfg)
     return 8
 
 
