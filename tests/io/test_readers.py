@@ -418,3 +418,30 @@ def test_unusable_reason_accepts_a_file_whose_later_records_are_bad(
     bad_first = tmp_path / "later.jsonl"
     bad_first.write_text('{"junk": 1}\n' + json.dumps(load("openai")[0]) + "\n")
     assert unusable_reason(bad_first) is None
+
+
+@pytest.mark.parametrize("first", [b"BZh", b"BZh9 is a grade", b"PAR1 was the first part"])
+def test_a_text_line_that_begins_like_a_compressed_file_is_not_taken_for_one(
+    tmp_path: Path, first: bytes
+) -> None:
+    """bzip2's and Parquet's magic numbers are ASCII: a damaged first line that begins
+    with one is a reject of its own, and the intact lines after it are read (the fuzz
+    test's counterexample: ``edits=[(0, b'BZh')], cut=3``)."""
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(first + b"\n" + GOOD_LINE + b"\n")
+    got = list(read_seeds(path))
+    assert isinstance(got[-1], Trajectory)
+
+
+def test_real_bzip2_and_parquet_files_are_still_named(tmp_path: Path) -> None:
+    import bz2
+
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(bz2.compress(GOOD_LINE + b"\n"))
+    (reject,) = list(read_seeds(path))
+    assert isinstance(reject, SeedReject) and "bzip2" in reject.message
+    table = pa.table({"a": [1, 2]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    (tmp_path / "t.parquet").rename(tmp_path / "p.jsonl")
+    (reject,) = list(read_seeds(tmp_path / "p.jsonl"))
+    assert isinstance(reject, SeedReject) and "Parquet" in reject.message
