@@ -96,10 +96,13 @@ class Lifeline:
         with contextlib.suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
+        # The accept thread first: a connection it accepted while the peers below were
+        # being closed would stay open, and that worker would never read end-of-file
+        # (seen once in a fast-suite run: the test's lifeline was not cut).
+        self._thread.join(timeout=5)
         for peer in self._peers:
             with contextlib.suppress(OSError):
                 peer.close()
-        self._thread.join(timeout=5)
 
     def __enter__(self) -> Lifeline:
         return self

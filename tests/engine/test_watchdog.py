@@ -83,6 +83,21 @@ def test_the_lifeline_is_cut_when_the_driver_end_closes(fresh: list[str]) -> Non
     watchdog._lifeline.close()
 
 
+def test_a_lifeline_closed_as_a_worker_connects_is_cut_all_the_same(fresh: list[str]) -> None:
+    """A connection the driver's accept thread took while its peers were being closed
+    stayed open (3% of tries before the fix: the worker would never read end-of-file)."""
+    for _ in range(300):
+        line = watchdog.Lifeline()
+        sock = watchdog._connect_lifeline(line.address)
+        assert sock is not None
+        watchdog._lifeline = sock
+        line.close()
+        try:
+            assert watchdog._lifeline_cut()
+        finally:
+            sock.close()
+
+
 def test_an_unreachable_lifeline_leaves_the_slower_signals() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
