@@ -19,9 +19,8 @@ files each final row (data, surplus, rejects, failed). ``drive`` runs it:
    the workers refuse what they have not sent yet (``Pool.stop``), and the loop ends
    when everything issued came back.
 
-There are no rounds: a worker starts a queued item the moment a slot frees, and
-the loop refills the queues once an eighth of the pool's places is free, whatever
-the others are doing, and the planner stops issuing as soon as what is in flight is
+There are no rounds: an item goes out the moment a slot frees, whatever the
+others are doing, and the planner stops issuing as soon as what is in flight is
 expected to be enough. No job writes a loop, an account or a manifest section of
 its own (``factory.engine.jobs``).
 """
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # the longest the loop waits for a result before it looks around again
 HURRY_AFTER_S = 0.5  # an item that held back later results this long is hurried
-REFILL_PARTS = 8  # the loop refills the workers once an eighth of their places is free
 
 
 @dataclass(frozen=True)
@@ -160,7 +158,7 @@ def drive(
                 pool.stop(stop)
         if stop is None and not planner.finished:
             room = pool.room()
-            if room > 0 and room >= refill_at(room, pool.in_flight):
+            if room > 0:
                 llm_room = ledger.allowance(room, len(llm_keys), job.reserve)
                 items = planner.issue(room, llm_room)
                 _check_admitted(items, llm_room)
@@ -207,20 +205,6 @@ def drive(
         pool.resume()
         stop = None
     return stop or planner.stopped_by
-
-
-def refill_at(room: int, in_flight: int) -> int:
-    """The room the workers must have before the loop issues more: an eighth of the
-    pool (its room and what it holds), at least 1.
-
-    Why not every free place at once: each issue is a Ray call to every actor that gets
-    items (~1 ms of the driver's CPU, more in the actor); refilled one answer at a time,
-    an S1 run of the peer benchmark made 707 submits of ~4 items for 3,000 calls. The
-    workers queue as many items as they have slots (``runner.worker_capacity``), so
-    an eighth of the pool free still leaves every slot a queued item behind it; and a
-    pool with nothing in flight has all its room, so the loop never waits on itself.
-    """
-    return max(1, (room + in_flight) // REFILL_PARTS)
 
 
 def _hurry(

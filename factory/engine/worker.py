@@ -39,11 +39,7 @@ from factory.engine.stages.base import (
 from factory.engine.work import Item, ItemResult
 
 __all__ = ["NOT_NEEDED", "Worker", "freeze_heap"]
-# After the first result, wait this long for more to share a reply (while others still
-# run). Each reply is a Ray call on both sides (~2 ms of the driver's CPU with its
-# poll, 2026-11-26): at 5 ms an S1 run of the peer benchmark made 769 polls of ~4
-# results for 3,000 calls. A result waits at most this long more to reach the driver.
-COLLECT_LINGER_S = 0.025
+COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
 # Loop turns a row yields between its LLM stage and its CPU stages. A woken request
 # needs three to reach the socket (its slot's wake-up, the request task, aiohttp's
 # body writer: counted in a run's actors, 2026-11-26); one more is margin.
@@ -209,7 +205,7 @@ class Worker:
         if not self._done:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(ready.wait(), max_wait)
-            if self._done and self._tasks:  # more may finish in a moment
+            if self._done:
                 await asyncio.sleep(COLLECT_LINGER_S)
         out, self._done = self._done, []
         ready.clear()
