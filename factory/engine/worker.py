@@ -9,11 +9,12 @@ done). LLM stages bound their requests with their own slots; a chain whose LLM
 stage feeds a batched backend (a batch API) runs each submitted chunk as one
 batch instead, since that backend wants many requests per call.
 
-Requests go out before post-processing: a row whose answer came back gives the loop a
-few turns before its CPU stages run, so the request its freed slot woke (and any other
-woken one) is on the wire first. Answers arrive in bursts; without this, every row of a
-burst parsed, validated and labelled its answer while the server's freed slots sat
-idle (``SEND_FIRST_TURNS``).
+I/O before CPU: a worker's loop reads answers, frees their slots and writes the
+requests those slots wake, and it runs the CPU stages (parse, repair, validate, label:
+about a millisecond a row). A CPU stage that runs while an answer waits unread or a
+woken request waits unwritten leaves a server slot idle that long, and answers arrive
+in bursts. So CPU stages wait their turn at the worker's ``CpuGate``: one row at a
+time, once nothing else is ready to run on the loop.
 
 ``stop(reason)`` refuses every request not sent yet: its row comes back
 ``unissued`` with that reason (a budget cap), or the item comes back cancelled
@@ -38,12 +39,16 @@ from factory.engine.stages.base import (
 )
 from factory.engine.work import Item, ItemResult
 
-__all__ = ["NOT_NEEDED", "Worker", "freeze_heap"]
+__all__ = ["NOT_NEEDED", "CpuGate", "Worker", "freeze_heap"]
 COLLECT_LINGER_S = 0.005  # after the first result, wait this long for more to share a reply
-# Loop turns a row yields between its LLM stage and its CPU stages. A woken request
-# needs three to reach the socket (its slot's wake-up, the request task, aiohttp's
-# body writer: counted in a run's actors, 2026-11-26); one more is margin.
-SEND_FIRST_TURNS = 4
+# Loop turns a row's CPU stages wait at least. A woken request needs three to reach the
+# socket (its slot's wake-up, the request task, aiohttp's body writer: counted in a run's
+# actors, 2026-11-26); one more is margin. On a loop whose ready queue cannot be read
+# (not CPython's asyncio) this is all the gate waits.
+CPU_MIN_TURNS = 4
+# ... and at most: under a stream of I/O that never leaves the loop idle, CPU work still
+# moves (one row per this many turns).
+CPU_MAX_TURNS = 64
 
 
 class Worker:
@@ -71,6 +76,7 @@ class Worker:
         self._hurry: dict[tuple[str, int], asyncio.Event] = {}  # items running, by key
         self.stopped: str | None = None
         self.started = 0  # items started, for tests and stats
+        self._cpu = CpuGate()
 
     # -- chains ---------------------------------------------------------------------------
     def add_chain(self, name: str, specs: Sequence[StageSpec]) -> None:
@@ -169,10 +175,19 @@ class Worker:
         rows = [start_row(item)]
         HURRY.set(self._hurry.setdefault(item.key, asyncio.Event()))  # this task's context
         try:
-            for i, stage in enumerate(chain):
-                rows = await run_stage(stage, rows)
-                if stage.is_async and i + 1 < len(chain) and not chain[i + 1].is_async:
-                    await send_first()
+            i = 0
+            while i < len(chain):
+                if chain[i].is_async:
+                    rows = await run_stage(chain[i], rows)
+                    i += 1
+                    continue
+                j = i  # a run of CPU stages: one turn at the gate for all of them
+                while j < len(chain) and not chain[j].is_async:
+                    j += 1
+                async with self._cpu:
+                    for stage in chain[i:j]:
+                        rows = await run_stage(stage, rows)
+                i = j
         finally:
             self._hurry.pop(item.key, None)
             self._finish(item, rows)
@@ -240,11 +255,49 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-async def send_first() -> None:
-    """Give the loop ``SEND_FIRST_TURNS`` turns: requests woken before this point are
-    written before what follows (a row's CPU stages) runs."""
-    for _ in range(SEND_FIRST_TURNS):
+class CpuGate:
+    """Where a worker's CPU stages wait: one row at a time (first come, first served),
+    each once the event loop has nothing else ready to run, so reading answers and
+    writing the requests they wake always goes first (I/O before CPU).
+
+    Measured (a 3,000-call run at a fixed 200 ms, C = 64, four alternating pairs against
+    a fixed four turns before every row's CPU stages): 16.4-18.2 idle slot-seconds at the
+    server against 18.6-19.8; the start, the middle and the end of the run all gain.
+    """
+
+    def __init__(self, min_turns: int = CPU_MIN_TURNS, max_turns: int = CPU_MAX_TURNS) -> None:
+        self.min_turns, self.max_turns = min_turns, max_turns
+        self._lock: asyncio.Lock | None = None  # made on the loop that first uses it
+
+    async def __aenter__(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        await self._lock.acquire()
+        try:
+            await until_idle(self.min_turns, self.max_turns)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._lock is not None
+        self._lock.release()
+
+
+async def until_idle(min_turns: int, max_turns: int) -> None:
+    """Yield to the loop at least ``min_turns`` times, then until nothing else is ready
+    to run (at most ``max_turns``).
+
+    Each yield is a turn of the loop, which polls its sockets first: an answer that came
+    in, and each step of the request it wakes, is a ready callback, so the caller waits
+    until the I/O has run its course. Reads CPython's ready queue (``loop._ready``); on a
+    loop without one it waits ``min_turns``.
+    """
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    for turn in range(1, max_turns + 1):
         await asyncio.sleep(0)
+        if turn >= min_turns and not ready:
+            return
 
 
 def start_row(item: Item) -> dict[str, Any]:

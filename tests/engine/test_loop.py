@@ -162,7 +162,7 @@ def test_work_not_needed_when_the_target_is_reached_never_starts() -> None:
 
 def test_a_request_a_freed_slot_woke_goes_out_before_the_answer_is_post_processed() -> None:
     """Answers come back in bursts: the requests their freed slots wake are written
-    before any of the answers is post-processed (``worker.SEND_FIRST_TURNS``)."""
+    before any of the answers is post-processed (``worker.CpuGate``)."""
     from factory.engine.worker import Worker
 
     events: list[str] = []
@@ -200,6 +200,52 @@ def test_a_request_a_freed_slot_woke_goes_out_before_the_answer_is_post_processe
 
     asyncio.run(scenario())
     assert events == ["sent 0", "sent 1", "post 0", "sent 2", "post 1", "post 2"]
+
+
+def test_cpu_work_waits_until_the_loop_has_nothing_else_ready() -> None:
+    """I/O first: a gated CPU job runs after every step of a chain of callbacks in flight
+    (an answer read, its slot freed, the next request written), however long the chain
+    is, up to the gate's bound; under I/O that never stops it still runs after
+    ``max_turns`` turns."""
+    from factory.engine.worker import CpuGate
+
+    async def scenario(io_steps: int, max_turns: int) -> list[str]:
+        events: list[str] = []
+
+        async def io() -> None:
+            for k in range(io_steps):
+                events.append(f"io {k}")
+                await asyncio.sleep(0)
+
+        async def cpu() -> None:
+            async with CpuGate(min_turns=1, max_turns=max_turns):
+                events.append("cpu")
+
+        await asyncio.gather(cpu(), io())
+        return events
+
+    events = asyncio.run(scenario(io_steps=30, max_turns=64))
+    assert events[-1] == "cpu" and len(events) == 31  # after all 30 steps, not after 1
+    events = asyncio.run(scenario(io_steps=200, max_turns=10))
+    assert 8 <= events.index("cpu") <= 12  # bounded: the I/O did not starve it
+
+
+def test_cpu_jobs_pass_the_gate_one_at_a_time_in_arrival_order() -> None:
+    from factory.engine.worker import CpuGate
+
+    async def scenario() -> list[str]:
+        gate, events = CpuGate(min_turns=1, max_turns=4), []
+
+        async def job(name: str) -> None:
+            async with gate:
+                events.append(f"{name} in")
+                await asyncio.sleep(0)  # a job that yields inside still holds the gate
+                events.append(f"{name} out")
+
+        await asyncio.gather(job("a"), job("b"), job("c"))
+        return events
+
+    assert asyncio.run(scenario()) == ["a in", "a out", "b in", "b out", "c in", "c out"]
 
 
 @pytest.mark.parametrize("stream_count", [1, 2])
