@@ -6,6 +6,10 @@ wait for (issue 22). An actor takes items (``submit``, fire and forget) and is
 long-polled for results (``collect``: it answers as soon as one item is done).
 The driver keeps one ``collect`` outstanding per actor and waits on all of them
 at once, so a result reaches the driver a few milliseconds after its item ends.
+Items given to an actor whose ``collect`` has just answered ride on its next
+``collect`` (one Ray call, not two, per refill: the refill after a reply is the
+common case, and each Ray call costs the driver, the actor and Ray's own threads
+CPU on a machine the LLM server may share).
 
 What a worker was given but has not answered is remembered here per actor: if
 the actor dies (OOM, a node lost, ``ray kill``), Ray restarts it, this module
@@ -25,7 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult
@@ -91,7 +95,12 @@ class WorkerActor:
     async def submit(self, items: list[Item]) -> int:
         return await self.worker.submit(items)
 
-    async def collect(self, max_wait: float) -> tuple[list[ItemResult], dict[str, Any]]:
+    async def collect(
+        self, max_wait: float, items: list[Item] | None = None
+    ) -> tuple[list[ItemResult], dict[str, Any]]:
+        """Start ``items`` (if any), then wait for results (``Worker.collect``)."""
+        if items:
+            await self.worker.submit(items)
         return await self.worker.collect(max_wait)
 
     async def hurry(self, keys: list[tuple[str, int]]) -> None:
@@ -118,6 +127,7 @@ class _Slot:
     assigned: dict[tuple[str, int], Item] = field(default_factory=dict)
     collecting: Any = None  # the outstanding collect call's ObjectRef
     alive: bool = True
+    riding: list[Item] = field(default_factory=list)  # go out with the next collect call
 
 
 class ActorPool:
@@ -178,7 +188,11 @@ class ActorPool:
             chunks.setdefault(id(slot), []).append(item)
         for slot in live:
             chunk = chunks.get(id(slot))
-            if chunk:
+            if not chunk:
+                continue
+            if slot.collecting is None:  # its next collect call goes out with them
+                slot.riding.extend(chunk)
+            else:
                 self._submits.append(slot.handle.submit.remote(chunk))
 
     def poll(self, timeout: float) -> tuple[list[ItemResult], dict[int, dict[str, Any]]]:
@@ -188,7 +202,8 @@ class ActorPool:
         self._reap_submits()
         for slot in self.slots:
             if slot.alive and slot.collecting is None:
-                slot.collecting = slot.handle.collect.remote(COLLECT_WAIT_S)
+                riding, slot.riding = slot.riding, []
+                slot.collecting = slot.handle.collect.remote(COLLECT_WAIT_S, riding or None)
         waiting = {s.collecting: s for s in self.slots if s.collecting is not None}
         if not waiting:
             return [], {}
@@ -206,6 +221,8 @@ class ActorPool:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self._lost(slot, exc)
                 continue
+            except ray.exceptions.RayTaskError as exc:
+                _stage_error(exc)
             for result in got:
                 slot.assigned.pop(result.key, None)
             results.extend(got)
@@ -235,18 +252,14 @@ class ActorPool:
             ):
                 continue  # a dead actor shows on its collect call, which re-issues its items
             except self._ray.exceptions.RayTaskError as exc:
-                # A stage that cannot be built (a recipe error only the actor finds, as a
-                # bad world size): nothing of that chain can ever finish, so the run ends
-                # with the stage's own error rather than waiting forever.
-                log.info("a worker could not build a stage. Traceback (in the worker):\n%s", exc)
-                cause = exc.cause if isinstance(exc.cause, Exception) else exc
-                raise cause from None
+                _stage_error(exc)
 
     def _lost(self, slot: _Slot, exc: BaseException) -> None:
         """An actor died: give its work to its restarted self, or to the others."""
         ray = self._ray
-        items = list(slot.assigned.values())
+        items = list(slot.assigned.values())  # the riding ones among them
         slot.assigned.clear()
+        slot.riding.clear()
         self.restarts += 1
         log.warning(
             "a worker died (%s); %d of its items are issued again", type(exc).__name__, len(items)
@@ -282,6 +295,15 @@ class ActorPool:
         for slot in self.slots:
             with contextlib.suppress(Exception):
                 ray.kill(slot.handle)
+
+
+def _stage_error(exc: Any) -> NoReturn:
+    """A stage that cannot be built (a recipe error only the actor finds, as a bad world
+    size): nothing of that chain can ever finish, so the run ends with the stage's own
+    error rather than waiting forever."""
+    log.info("a worker could not build a stage. Traceback (in the worker):\n%s", exc)
+    cause = exc.cause if isinstance(exc.cause, Exception) else exc
+    raise cause from None
 
 
 class LocalPool:

@@ -98,6 +98,25 @@ def test_results_come_back_as_items_finish(ray_session: Any) -> None:
     assert arrival[0] < arrival[7] - 0.8
 
 
+def test_items_ride_on_the_next_collect_call_or_go_at_once_while_one_is_out(
+    ray_session: Any,
+) -> None:
+    """The refill after a reply goes out with the actor's next ``collect`` (one Ray call,
+    not two); items given while a ``collect`` is out go at once. None is lost either way."""
+    pool = ActorPool({"s": [(Slow, ())]}, actors=1, num_cpus=0.25, capacity=8)
+    try:
+        pool.submit([Item("s", k, "s", {"call_index": 1}) for k in range(3)])  # 0.2 s each
+        assert not pool._submits and len(pool.slots[0].riding) == 3  # no call yet
+        assert pool.poll(0.01)[0] == []  # the collect call takes them (none is done yet)
+        assert not pool.slots[0].riding
+        pool.submit([Item("s", 3, "s", {"call_index": 1})])  # a collect is out: at once
+        assert len(pool._submits) == 1
+        got = _drain(pool, 4)
+    finally:
+        pool.close()
+    assert sorted(r.index for _, r in got) == [0, 1, 2, 3]
+
+
 def test_a_hurried_item_leaves_its_backoff_on_its_actor(ray_session: Any) -> None:
     """The driver's hurry reaches the actor that holds the item (``ActorPool.hurry``)."""
     pool = ActorPool({"b": [(Backoff, ())]}, actors=2, num_cpus=0.25, capacity=4)
