@@ -40,10 +40,6 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _CALL_TAG, _USER_TAG = "function_call", "human"
 
 
-def _h64(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
 class DistinctCounter:
     """Distinct items seen: exact below ``k`` distinct, a KMV estimate above.
 
@@ -57,18 +53,27 @@ class DistinctCounter:
         self.full = False
 
     def add(self, item: str) -> None:
-        h = _h64(item)
-        if h in self._kept:
-            return
-        if len(self._heap) < self.k:
-            heapq.heappush(self._heap, -h)
-            self._kept.add(h)
-        elif h < -self._heap[0]:
-            self.full = True
-            self._kept.discard(-heapq.heapreplace(self._heap, -h))
-            self._kept.add(h)
-        else:
-            self.full = True
+        self.add_many((item,))
+
+    def add_many(self, items: Iterable[str]) -> None:
+        """``add`` each of ``items``, in one loop: a row's user n-grams are a hundred or so,
+        and this runs on the driver for every accepted row, where a call per item was a
+        quarter of the driver's CPU in a 300-calls/s run."""
+        heap, kept, k = self._heap, self._kept, self.k
+        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+        for item in items:
+            h = from_bytes(blake2b(item.encode(), digest_size=8).digest(), "little")
+            if h in kept:
+                continue
+            if len(heap) < k:
+                heapq.heappush(heap, -h)
+                kept.add(h)
+            elif h < -heap[0]:
+                self.full = True
+                kept.discard(-heapq.heapreplace(heap, -h))
+                kept.add(h)
+            else:
+                self.full = True
 
     def count(self) -> int:
         if not self.full:
@@ -139,9 +144,9 @@ class DiversityStats:
             elif tag == _USER_TAG:
                 words = _WORD.findall(value.lower())
                 for n in USER_NGRAMS:
-                    for i in range(len(words) - n + 1):
-                        self.user_ngrams[n].add(" ".join(words[i : i + n]))
-                        self.user_ngram_total[n] += 1
+                    grams = [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
+                    self.user_ngrams[n].add_many(grams)
+                    self.user_ngram_total[n] += len(grams)
         self.sequences.add("\x1f".join(names))
         self.tool_use.update(names)
         self.tools_per_row[len(set(names))] += 1

@@ -33,6 +33,31 @@ def test_distinct_counter_is_exact_when_small_and_bounded_when_large() -> None:
     assert len(big._heap) == 1024 and abs(big.count() - 200_000) / 200_000 < 0.1
 
 
+def test_distinct_counter_keeps_the_k_smallest_blake2b_hashes_however_items_come() -> None:
+    """The sketch is the k smallest distinct 64-bit BLAKE2b hashes (so a manifest's
+    estimate is the same from run to run and from build to build), whether items come
+    one by one or a row's n-grams at once, repeats included."""
+    import hashlib
+
+    items = [f"word {i % 700}" for i in range(2000)]  # 700 distinct, each 2-3 times
+
+    def h64(text: str) -> int:
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+    hashes = sorted({h64(t) for t in items})
+    one, many = DistinctCounter(k=64), DistinctCounter(k=64)
+    for item in items:
+        one.add(item)
+    for start in range(0, len(items), 97):
+        many.add_many(items[start : start + 97])
+    for counter in (one, many):
+        assert sorted(-h for h in counter._heap) == hashes[:64]
+        assert counter.full and counter.count() == round(63 * 2**64 / hashes[63])
+    small = DistinctCounter(k=1024)
+    small.add_many(items)
+    assert not small.full and small.count() == 700
+
+
 def test_summary_counts_sequences_lengths_seeds_and_quotas() -> None:
     d = DiversityStats()
     d.add(
