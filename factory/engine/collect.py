@@ -22,6 +22,7 @@ from factory.core.mixture import Mixture
 from factory.core.neardup import NEARDUP_STAGE, NearDupIndex
 from factory.engine.quality import index_path
 from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED, reject
+from factory.engine.stages.export import SHARED_COLUMNS, training_row
 from factory.engine.work import ItemResult
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
@@ -137,7 +138,7 @@ class Collector:
                 self.near_rejected += 1
         if status == OK:
             key = row.get("id") or ""
-            out = json.loads(row["output"])
+            out = training_row(row)
             seed = row.get("seed_id") or ""
             over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap
             if self.done or over_seed:
@@ -156,7 +157,7 @@ class Collector:
             slim = {
                 k: v
                 for k, v in row.items()
-                if v is not None and k not in ("output", "unstored", "minhash")
+                if v is not None and k not in ("output", *SHARED_COLUMNS, "unstored", "minhash")
             }
             (self.failed if kind == FAILED else self.rejects).add(slim)
         self.counts[kind] += 1

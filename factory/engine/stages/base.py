@@ -73,7 +73,9 @@ ROW_SCHEMA = pa.schema(
         ("latency_s", pa.float64()),
         ("endpoint", pa.string()),
         ("fingerprint", pa.string()),  # system_fingerprint of the serving model
-        ("output", pa.string()),  # exported training row (JSON) when accepted
+        ("output", pa.string()),  # exported training row (JSON) when accepted, less:
+        ("system", pa.string()),  # its system prompt and tools, shared by most rows and
+        ("tools", pa.string()),  # sent apart (``stages.export.output_fields``)
         ("labels", pa.string()),  # stratification labels JSON
         ("grounding", pa.string()),  # replay result on the executable world (JSON)
         ("cached", pa.bool_()),  # the LLM response came from the cache (paid by an earlier run)

@@ -36,7 +36,7 @@ from factory.core.validate import validate_rendered
 from factory.engine.quality import build_decontaminator, neardup_params
 from factory.engine.stages.amplify import grounding_world
 from factory.engine.stages.base import Stage, reject
-from factory.engine.stages.export import row_json, sharegpt_row
+from factory.engine.stages.export import output_fields, sharegpt_row
 from factory.envs.pack import Domain, load_domain
 from factory.envsim.grounding import apply_mode, replay
 from factory.errors import RepairError
@@ -165,7 +165,7 @@ class PostprocessStage(Stage):
             out["tools"] = ""
         # Accepted rows carry only the training row to the driver: the record and the raw
         # completion would double what crosses the object store for nothing.
-        row.update(id=traj.id, record=None, completion=None, output=row_json(out))
+        row.update(id=traj.id, record=None, completion=None, **output_fields(out))
         return row
 
 

@@ -13,7 +13,7 @@ from factory.bench import postprocess_completions
 from factory.config import load_recipe
 from factory.core.schema import fast_check
 from factory.engine.stages.base import make_row
-from factory.engine.stages.export import row_json
+from factory.engine.stages.export import output_fields, training_row
 from factory.engine.stages.postprocess import PostprocessStage
 from tests.conftest import ROOT as REPO_ROOT
 
@@ -46,23 +46,38 @@ def test_outputs_are_those_of_main(completions: list[str], overrides: tuple[str,
         row = make_row(completion=text, seed_id=f"s{i % 41}", source=f"s#{i}", call_index=i)
         out = stage.run_one(row)
         statuses.add(out["status"])
+        if out.get("output"):  # the training row as one JSON text, as main wrote it
+            out["output"] = json.dumps(training_row(out), ensure_ascii=False)
         digest.update(json.dumps([out.get(k) for k in COLUMNS]).encode())
     assert statuses == {"ok", "rejected"}
     assert digest.hexdigest() == GOLDEN[overrides]
 
 
-def test_row_json_is_json_dumps() -> None:
-    row: dict[str, Any] = {
-        "conversations": [{"from": "human", "value": 'Zürich "now"\n'}],
-        "system": "Policy \u2014 é",
-        "tools": json.dumps([{"name": "t"}]),
-        "id": "abc",
-        "meta": "{}",
-    }
-    for _ in range(2):  # the second time from the memo
-        assert row_json(row) == json.dumps(row, ensure_ascii=False)
-    other = {**row, "system": "other"}
-    assert row_json(other) == json.dumps(other, ensure_ascii=False)
+def test_a_training_row_travels_with_its_shared_columns_apart_and_comes_back_whole() -> None:
+    """``output`` holds the row's own columns; the system prompt and tools travel beside
+    it, one object per distinct text in a process, so a reply of many rows carries each
+    text once (pickle writes an object it has seen as a reference)."""
+    import pickle
+
+    def row(i: int, system: str) -> dict[str, Any]:
+        return {
+            "conversations": [{"from": "human", "value": f'Zürich "now" {i}\n'}],
+            "system": system,
+            "tools": json.dumps([{"name": "t"}] * 50),
+            "id": f"id{i}",
+            "meta": "{}",
+        }
+
+    policy = "Policy \u2014 é " * 400
+    rows = [output_fields(row(i, "".join(policy))) for i in range(20)]  # 20 equal copies
+    assert all(r["system"] is rows[0]["system"] and r["tools"] is rows[0]["tools"] for r in rows)
+    assert json.loads(rows[0]["output"])["system"] is None
+    for i, r in enumerate(rows):
+        back = training_row(r)
+        assert back == row(i, policy) and list(back) == list(row(i, policy))  # order too
+    assert len(pickle.dumps(rows)) < 3 * len(policy.encode())  # it crossed once, not 20 times
+    other = output_fields(row(0, "other"))
+    assert training_row(other)["system"] == "other"
 
 
 def _tools() -> list[dict[str, Any]]:
@@ -150,7 +165,7 @@ def test_a_text_action_completion_becomes_a_row_in_the_agents_format() -> None:
     )
     out = stage.run_one(make_row(completion=text, seed_id="s", source="s#0", call_index=0))
     assert out["status"] == "ok", out.get("message")
-    row = json.loads(out["output"])
+    row = training_row(out)
     assert row["tools"] == "" and "# Actions" in row["system"]
     assert row["system"].startswith("# OS agent policy")
     assert [m["from"] for m in row["conversations"]] == ["human", "gpt", "human", "gpt"]
