@@ -230,6 +230,38 @@ def test_cpu_work_waits_until_the_loop_has_nothing_else_ready() -> None:
     assert 8 <= events.index("cpu") <= 12  # bounded: the I/O did not starve it
 
 
+def test_without_a_readable_ready_queue_the_gate_waits_its_minimum_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an event loop that is not CPython's asyncio (no ``_ready``), the gate cannot see
+    pending I/O: it waits ``min_turns`` and no longer."""
+    from factory.engine import worker
+    from factory.engine.worker import CpuGate
+
+    class Opaque:  # what until_idle sees of the loop
+        pass
+
+    monkeypatch.setattr(worker.asyncio, "get_running_loop", Opaque)
+
+    async def scenario() -> list[str]:
+        events: list[str] = []
+
+        async def io() -> None:
+            for k in range(30):
+                events.append(f"io {k}")
+                await asyncio.sleep(0)
+
+        async def cpu() -> None:
+            async with CpuGate(min_turns=4, max_turns=64):
+                events.append("cpu")
+
+        await asyncio.gather(cpu(), io())
+        return events
+
+    events = asyncio.run(scenario())
+    assert 3 <= events.index("cpu") <= 6  # after its 4 turns, long before the 30 steps
+
+
 def test_cpu_jobs_pass_the_gate_one_at_a_time_in_arrival_order() -> None:
     from factory.engine.worker import CpuGate
 
