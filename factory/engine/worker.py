@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -175,19 +176,14 @@ class Worker:
         rows = [start_row(item)]
         HURRY.set(self._hurry.setdefault(item.key, asyncio.Event()))  # this task's context
         try:
-            i = 0
-            while i < len(chain):
-                if chain[i].is_async:
-                    rows = await run_stage(chain[i], rows)
-                    i += 1
-                    continue
-                j = i  # a run of CPU stages: one turn at the gate for all of them
-                while j < len(chain) and not chain[j].is_async:
-                    j += 1
-                async with self._cpu:
-                    for stage in chain[i:j]:
+            for is_async, group in itertools.groupby(chain, key=lambda s: s.is_async):
+                if is_async:
+                    for stage in group:
                         rows = await run_stage(stage, rows)
-                i = j
+                    continue
+                async with self._cpu:  # a run of CPU stages: one turn at the gate for all
+                    for stage in group:
+                        rows = await run_stage(stage, rows)
         finally:
             self._hurry.pop(item.key, None)
             self._finish(item, rows)
