@@ -433,6 +433,13 @@ class RayConfig(_Strict):
     num_cpus: float = Field(
         0.25, gt=0, le=8, description="CPUs per actor (fractional on small machines)."
     )
+    placement: Literal["spread", "pack"] = Field(
+        "spread",
+        description="Where the workers go on a cluster: spread over the nodes (Ray's SPREAD "
+        "strategy: a lost node takes as few workers as it can) or packed where Ray likes. "
+        "A worker lost with its node is replaced wherever the cluster has room, now or when "
+        "a node joins.",
+    )
 
 
 class HeldoutConfig(_Strict):

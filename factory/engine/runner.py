@@ -67,6 +67,12 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
                 num_cpus=cfg.ray.num_cpus,
                 capacity=worker_capacity(cfg),
                 lifeline=lifeline.address,
+                placement=cfg.ray.placement,
+                slots_per_worker=(
+                    per_actor_concurrency(cfg)
+                    if cfg.pipeline == "amplify" and cfg.llm is not None
+                    else None
+                ),
             )
             try:
                 stopped_by = drive(

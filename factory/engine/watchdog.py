@@ -30,6 +30,16 @@ responses already received be stored for ``GRACE_S``, then ends the process on
 its event loop (never in the middle of a cache write) and, should that loop be
 stuck, from the thread ``HARD_EXIT_S`` later. What a crash can re-pay is thus
 exactly the requests in flight at the kill.
+
+Two losses, told apart (``Loss.driver``; issue 33): the run's **driver** is gone
+(the lifeline, the driver's pid, the job marked dead), or this worker's own
+**node** is going (its raylet died; on a cluster the driver lives on). Both stop
+calls the same way, but only the first is "the driver is gone": after the second
+the driver issues the worker's items again on the other workers, so the worker
+must give it nothing (``WorkerActor.collect`` never answers once stopped: an
+item cut short here must not come back as a failed row). A worker whose run
+ended normally is ``retire``d first: the lifeline closing then is no loss, and
+nothing is printed.
 """
 
 from __future__ import annotations
@@ -47,7 +57,17 @@ from dataclasses import dataclass
 
 from factory.errors import EXIT_INTERRUPTED, Interrupted
 
-__all__ = ["DriverWatch", "Lifeline", "check", "loss_reason", "sleep", "start", "stopped"]
+__all__ = [
+    "DriverWatch",
+    "Lifeline",
+    "Loss",
+    "check",
+    "loss_reason",
+    "retire",
+    "sleep",
+    "start",
+    "stopped",
+]
 
 POLL_S = 0.1
 GCS_POLL_S = 0.5
@@ -61,7 +81,17 @@ _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _loop: asyncio.AbstractEventLoop | None = None
 _lifeline: socket.socket | None = None
-_reason: list[str] = []
+_reason: list[Loss] = []
+_retired = threading.Event()  # the run ended normally: a closing lifeline is no loss
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why a worker stops calling: ``text`` says it; ``driver`` is True when the run's
+    driver is gone, False when only this worker's node is (its raylet died)."""
+
+    text: str
+    driver: bool = True
 
 
 class Lifeline:
@@ -150,19 +180,23 @@ def loss_reason(
     parent_pid: int,
     driver_create_time: float | None,
     job_dead: bool,
-) -> str | None:
-    """Why the run is gone, or None while it is alive (a pure function of observations).
+) -> Loss | None:
+    """Why this worker must stop, or None while all is well (a pure function of
+    observations).
 
     ``driver_create_time`` is the create time of the process now holding the
     driver's pid (None when no process holds it): a different time means the
-    pid was reused, so the driver is gone all the same.
+    pid was reused, so the driver is gone all the same. A raylet gone while the
+    driver is not known to be is this node's loss, not the driver's: on a cluster
+    the driver lives on another node and issues this worker's items again (with a
+    local Ray the driver's own death follows, and the lifeline says so first).
     """
     if job_dead:
-        return "the job is marked dead in the GCS"
-    if parent_pid != watch.parent_pid:
-        return f"the raylet (pid {watch.parent_pid}) is gone"
+        return Loss("the driver is gone (its job is marked dead in the GCS)")
     if watch.driver_pid is not None and driver_create_time != watch.driver_create_time:
-        return f"the driver (pid {watch.driver_pid}) is gone"
+        return Loss(f"the driver (pid {watch.driver_pid}) is gone")
+    if parent_pid != watch.parent_pid:
+        return Loss(f"this worker's raylet (pid {watch.parent_pid}) is gone", driver=False)
     return None
 
 
@@ -178,10 +212,11 @@ def check() -> None:
     Raises:
         Interrupted: the run's driver is gone; this worker is about to exit.
     """
-    if not _stop.is_set() and _lifeline_cut():
+    if not _stop.is_set() and not _retired.is_set() and _lifeline_cut():
         _lost(LIFELINE_LOST)
     if _stop.is_set():
-        raise Interrupted("the run's driver is gone: this worker stops calling")
+        why = _reason[0].text if _reason else LIFELINE_LOST.text
+        raise Interrupted(f"{why}: this worker stops calling")
 
 
 async def sleep(delay: float) -> None:
@@ -223,14 +258,27 @@ def _job_info(gcs: object, job_id: str) -> tuple[bool, int, str] | None:
     return None
 
 
-LIFELINE_LOST = "the driver is gone (its lifeline closed)"
+LIFELINE_LOST = Loss("the driver is gone (its lifeline closed)")
 
 
-def _lost(reason: str) -> None:
+def _lost(reason: Loss) -> None:
     """Stop every new request now; the watcher thread ends the process."""
     if not _reason:
         _reason.append(reason)
     _stop.set()
+
+
+def loss() -> Loss | None:
+    """Why this worker stopped, once it did."""
+    return _reason[0] if _reason else (LIFELINE_LOST if _stop.is_set() else None)
+
+
+def retire() -> None:
+    """The run ended normally (the driver shuts its workers down): the lifeline that
+    closes next is no loss, and the watcher ends without a word. Nothing to do in a
+    process that watches nothing (a driver; tests build the actor in-process)."""
+    if _thread is not None or _lifeline is not None:
+        _retired.set()
 
 
 def start(lifeline: tuple[str, int] | None = None) -> None:
@@ -283,6 +331,8 @@ def _watch(watch: DriverWatch, gcs: object, job_id: str) -> None:
             with contextlib.suppress(OSError, ValueError):
                 select.select([sock], [], [], POLL_S)
             if _lifeline_cut():
+                if _retired.is_set():  # a normal end: the driver closed it after shutdown
+                    return
                 _lost(LIFELINE_LOST)
                 _shut_down(LIFELINE_LOST)
                 return
@@ -297,7 +347,8 @@ def _watch(watch: DriverWatch, gcs: object, job_id: str) -> None:
             driver_create_time=_create_time(watch.driver_pid) if watch.driver_pid else None,
             job_dead=job_dead,
         )
-        if reason is not None:
+        if reason is not None and not _retired.is_set():
+            _lost(reason)
             _shut_down(reason)
             return
         if sock is None:
@@ -310,10 +361,13 @@ def _exit() -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def _shut_down(reason: str) -> None:
+def _shut_down(reason: Loss) -> None:
     _stop.set()  # from here on no request starts
+    after = "" if reason.driver else "; the driver gives its items to the other workers"
     with contextlib.suppress(Exception):
-        print(f"factory: {reason}; this worker stops calling and exits", file=sys.stderr)
+        print(
+            f"factory: {reason.text}; this worker stops calling and exits{after}", file=sys.stderr
+        )
     time.sleep(GRACE_S)  # responses already received are stored meanwhile
     loop = _loop
     if loop is not None and not loop.is_closed():

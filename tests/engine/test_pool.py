@@ -105,6 +105,7 @@ def test_items_ride_on_the_next_collect_call_or_go_at_once_while_one_is_out(
     not two); items given while a ``collect`` is out go at once. None is lost either way."""
     pool = ActorPool({"s": [(Slow, ())]}, actors=1, num_cpus=0.25, capacity=8)
     try:
+        assert pool.wait_started(120) == 1  # a starting actor takes no item
         pool.submit([Item("s", k, "s", {"call_index": 1}) for k in range(3)])  # 0.2 s each
         assert not pool._submits and len(pool.slots[0].riding) == 3  # no call yet
         assert pool.poll(0.01)[0] == []  # the collect call takes them (none is done yet)
@@ -154,3 +155,35 @@ def test_the_actor_class_runs_a_worker_in_this_process_too() -> None:
         return sorted(r.index for r in got)
 
     assert asyncio.run(go()) == [0, 1, 2]
+
+
+def test_a_lost_worker_is_replaced_its_items_issued_again_and_calls_to_it_tolerated(
+    ray_session: Any,
+) -> None:
+    """An actor gone mid-run (a node lost, OOM, ``ray kill``): a control call meeting it
+    takes it as lost like a collect call does (issue 33: ``stop`` raised and ended the
+    run), its items go to the other worker, a new actor takes its place, and every item
+    comes back exactly once."""
+    import pytest
+    import ray
+
+    notes: list[str] = []
+    pool = ActorPool({"s": [(Slow, ())]}, actors=2, num_cpus=0.25, capacity=4, notify=notes.append)
+    try:
+        assert pool.wait_started(120) == 2
+        pool.submit([Item("s", k, "s", {"call_index": 2}) for k in range(8)])  # 0.4 s each
+        pool.poll(0.01)  # the items ride out on the collect calls
+        victim = pool.slots[0].handle
+        ray.kill(victim, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(victim.hurry.remote([]), timeout=60)
+        pool.stop("a cap")  # meets the dead actor: no error, the worker is lost
+        assert pool.slots[0].handle is not victim and pool.roster.counts() == (1, 2)
+        pool.resume()
+        got = _drain(pool, 8)
+        assert pool.wait_started(120) == 2
+    finally:
+        pool.close()
+    assert sorted(r.index for _, r in got) == list(range(8))
+    assert any(n.startswith("worker 0 lost (it died)") for n in notes), notes
+    assert any(n.startswith("worker 0 started on node") for n in notes), notes

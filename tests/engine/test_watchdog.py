@@ -57,6 +57,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     monkeypatch.setattr(watchdog, "_lifeline", None)
     monkeypatch.setattr(watchdog, "_thread", None)
     monkeypatch.setattr(watchdog, "_loop", None)
+    monkeypatch.setattr(watchdog, "_retired", threading.Event())
     monkeypatch.setattr(watchdog, "POLL_S", 0.01)
     monkeypatch.setattr(watchdog, "GCS_POLL_S", 0.01)
     reasons: list[str] = []
@@ -121,17 +122,19 @@ def test_the_watcher_wakes_on_the_lifeline_and_shuts_the_worker_down(fresh: list
 
 
 @pytest.mark.parametrize(
-    ("change", "said"),
+    ("change", "said", "driver"),
     [
-        ({"dead": True}, "the job is marked dead in the GCS"),
-        ({"parent_pid": -1}, "the raylet (pid -1) is gone"),
-        ({"driver_create_time": -1.0}, "the driver (pid {pid}) is gone"),
+        ({"dead": True}, "the driver is gone (its job is marked dead in the GCS)", True),
+        ({"parent_pid": -1}, "this worker's raylet (pid -1) is gone", False),
+        ({"driver_create_time": -1.0}, "the driver (pid {pid}) is gone", True),
     ],
     ids=["job-dead", "raylet-gone", "driver-pid-reused"],
 )
 def test_without_a_lifeline_the_slower_signals_shut_it_down(
-    fresh: list[str], change: dict[str, Any], said: str
+    fresh: list[watchdog.Loss], change: dict[str, Any], said: str, driver: bool
 ) -> None:
+    """Each signal stops the worker; only the driver's own signals say the driver is gone
+    (a raylet gone is this node's loss: on a cluster the driver lives on)."""
     gcs = FakeGcs("j2", dead=change.get("dead", False))
     gcs.fail = "dead" not in change  # an unreachable GCS says nothing either way
     watch = watchdog.DriverWatch(
@@ -141,15 +144,38 @@ def test_without_a_lifeline_the_slower_signals_shut_it_down(
     )
     thread = _watch_in_thread(watch, gcs)
     thread.join(5)
-    assert not thread.is_alive() and fresh == [said.format(pid=os.getpid())]
+    assert not thread.is_alive()
+    assert fresh == [watchdog.Loss(said.format(pid=os.getpid()), driver=driver)]
+    with pytest.raises(Interrupted, match="stops calling") as raised:
+        watchdog.check()
+    assert ("driver" in str(raised.value)) is driver
+
+
+def test_a_retired_worker_takes_its_lifeline_closing_as_no_loss(fresh: list[Any]) -> None:
+    """A normal end (the driver shut the workers down, then closed the lifeline): the
+    watcher ends without stopping or saying anything (issue 39: every run's log ended
+    with "the driver is gone")."""
+    with watchdog.Lifeline() as line:
+        watchdog._lifeline = watchdog._connect_lifeline(line.address)
+        watch = watchdog.DriverWatch(
+            parent_pid=os.getppid(), driver_pid=None, driver_create_time=None
+        )
+        thread = _watch_in_thread(watch, FakeGcs("j9"))
+        watchdog.retire()
+    thread.join(5)
+    assert not thread.is_alive() and fresh == [] and not watchdog.stopped()
+    watchdog.check()  # no loss: nothing raised
+    assert watchdog._lifeline is not None
+    watchdog._lifeline.close()
 
 
 def test_a_stop_seen_by_a_request_first_is_the_reason_given(fresh: list[str]) -> None:
-    watchdog._lost("the run's driver is gone (seen by a request)")
-    watchdog._lost("a second reason is not kept")
+    first = watchdog.Loss("the run's driver is gone (seen by a request)")
+    watchdog._lost(first)
+    watchdog._lost(watchdog.Loss("a second reason is not kept"))
     watch = watchdog.DriverWatch(parent_pid=os.getppid(), driver_pid=None, driver_create_time=None)
     _watch_in_thread(watch, FakeGcs("j3")).join(5)
-    assert fresh == ["the run's driver is gone (seen by a request)"]
+    assert fresh == [first]
 
 
 def test_job_info_reads_the_gcs_answer_and_says_nothing_when_it_cannot() -> None:
@@ -179,7 +205,7 @@ def test_shut_down_ends_the_process_on_its_loop_after_the_grace(
         watchdog.note_loop(loop)
         ran = threading.Thread(target=loop.run_forever, name="the-loop", daemon=True)
         ran.start()
-        watchdog._shut_down("gone")
+        watchdog._shut_down(watchdog.Loss("gone"))
         loop.call_soon_threadsafe(loop.stop)
         ran.join(5)
         assert watchdog.stopped()
