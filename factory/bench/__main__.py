@@ -49,11 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     st = sub.add_parser("storm", help="fault storm vs clean run: wall-time ratio")
     pp = sub.add_parser("postprocess", help="parse + repair + validate + export per row")
+    no = sub.add_parser("nodes", help="a 3-node Ray cluster that loses a node: wall ratio")
+    no.add_argument("--target", type=int, default=600)
+    no.add_argument("--latency-ms", type=float, default=300.0, help="median (lognormal)")
+    no.add_argument("--seed", type=int, default=7)
+    no.add_argument("--trials", type=int, default=0, help="runs killed at random points")
+    no.add_argument(
+        "--add-node-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="add a node S seconds after the kill (the lost worker comes back there)",
+    )
     nd = sub.add_parser("neardup", help="near-duplicate signing and index: rows/s, peak RSS")
     nd.add_argument("--rows", type=int, default=90000, help="rows for rensa (the one used)")
     nd.add_argument("--datasketch-rows", type=int, default=9000, help="0: skip datasketch")
     nd.add_argument("--planted", type=float, default=0.1, help="share of planted near-copies")
-    for command in (a, st, pp):
+    for command in (a, st, pp, no):
         command.add_argument(
             "--recipe",
             default=None,
@@ -120,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark ``args.what`` names, as its JSON report."""
     report: dict[str, Any]
-    if args.what == "simenv":
+    if args.what == "nodes":
+        from factory.bench.nodes import bench_nodes
+
+        args.recipe = str(args.recipe)
+        report = bench_nodes(args)
+    elif args.what == "simenv":
         from factory.bench.simenv import bench_simenv
 
         report = bench_simenv(args)

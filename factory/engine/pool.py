@@ -406,7 +406,12 @@ class ActorPool:
         else:
             slot.collecting, slot.riding = None, []
         ready, size = self.roster.counts()
-        where = f"its node {_short(node)} is gone" if _node_gone(ray, node) else "it died"
+        if _node_gone(ray, node):
+            where = f"its node {_short(node)} is gone"
+        elif isinstance(exc, ray.exceptions.ActorUnavailableError):
+            where = f"it cannot be reached: its node {_short(node)} may be gone"
+        else:
+            where = f"it died on node {_short(node)}"
         then = (
             "a new worker starts as soon as the cluster has room"
             if replace

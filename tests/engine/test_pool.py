@@ -185,5 +185,5 @@ def test_a_lost_worker_is_replaced_its_items_issued_again_and_calls_to_it_tolera
     finally:
         pool.close()
     assert sorted(r.index for _, r in got) == list(range(8))
-    assert any(n.startswith("worker 0 lost (it died)") for n in notes), notes
+    assert any(n.startswith("worker 0 lost (it died on node") for n in notes), notes
     assert any(n.startswith("worker 0 started on node") for n in notes), notes
