@@ -215,27 +215,43 @@ class Driver:
             self.stderr.append(line.rstrip("\n"))
 
     def running(self) -> bool:
-        return self.proc.poll() is None
+        return self.code is None and not self._reap()
+
+    def _reap(self) -> bool:
+        """Whether the driver has exited (its exit code and CPU time then kept)."""
+        if self.code is not None:
+            return True
+        pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        if not pid:
+            return False
+        self.cpu_s = usage.ru_utime + usage.ru_stime  # the kernel's rusage of the driver
+        self.code = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.code
+        self.wall_s = time.time() - self.started
+        self._reader.join(timeout=10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return True
 
     def wait(self, timeout: float) -> int:
         """Wait for the exit; its CPU time from the kernel's rusage (``wait4``)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-            if pid:
-                self.cpu_s = usage.ru_utime + usage.ru_stime
-                self.code = os.waitstatus_to_exitcode(status)
-                self.proc.returncode = self.code
-                self.wall_s = time.time() - self.started
-                self._reader.join(timeout=10)
+            if self._reap():
+                assert self.code is not None
                 return self.code
             time.sleep(0.05)
         self.kill()
         raise TimeoutError(f"the run did not end in {timeout:.0f} s: {self.stderr[-20:]}")
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """End the driver (if it still runs) and reap it."""
+        if self.code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                while not self._reap():
+                    time.sleep(0.01)
 
 
 def run_args(recipe: str, out: Path, url: str, *, target: int, extra: list[str]) -> list[str]:
