@@ -64,6 +64,7 @@ __all__ = [
     "hold_output",
     "note_prompt_changes",
     "prepare_output",
+    "release_room",
     "reserve_room",
     "restore_unstored",
     "save_unstored",
@@ -478,7 +479,8 @@ def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> N
     short of the target) and resumable.
 
     The folder is checked against its manifest first (``verify_output``): run.json
-    never says ``done`` over files that are not there.
+    never says ``done`` over files that are not there. The room reserved for unstored
+    answers is given back (``release_room``): no call is in flight any more.
     """
     manifest = verify_output(out_dir)
     _write(
@@ -489,6 +491,7 @@ def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> N
         totals=manifest.get("totals"),
         cache=_read_state(out_dir).get("cache"),
     )
+    release_room(out_dir)
 
 
 # -- the manifest against the disk ---------------------------------------------------------
@@ -591,6 +594,21 @@ def reserve_room(out_dir: Path, size: int = RESERVE_BYTES) -> bool:
         with contextlib.suppress(OSError):
             path.unlink()
         return False
+
+
+def release_room(out_dir: Path) -> None:
+    """Give back the room ``reserve_room`` set aside, once the run has ended.
+
+    Why: the reserve is 16 MB of every finished folder (16 of a 500-row folder's 19 MB,
+    issue 39), kept for answers that can only arrive while calls are in flight. The next
+    run reserves it again before its first call (``prepare_output``). Answers saved in
+    ``unstored/`` stay (the next run stores them in the cache); the folder goes when empty.
+    """
+    folder = out_dir / UNSTORED_DIR
+    with contextlib.suppress(FileNotFoundError):
+        (folder / RESERVE_FILE).unlink()
+    with contextlib.suppress(OSError):  # not empty: paid answers wait there
+        folder.rmdir()
 
 
 def _write_unstored(folder: Path, name: str, data: bytes, out_dir: Path) -> None:
