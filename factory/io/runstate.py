@@ -60,6 +60,7 @@ __all__ = [
     "OutputLock",
     "batch_summary",
     "changed_keys",
+    "changed_prompts",
     "finish_run",
     "hold_output",
     "note_prompt_changes",
@@ -387,12 +388,7 @@ def note_prompt_changes(
         stage no longer apply.
     """
     path = out_dir / PROMPTS_FILE
-    try:
-        before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        before = {}
-    known = before if isinstance(before, dict) else {}
-    changed = [s for s, f in fingerprints.items() if known.get(s) not in (None, f)]
+    changed = changed_prompts(out_dir, fingerprints)
     lines = []
     if changed:
         counts = _cached_by_stage(cfg, out_dir, changed)
@@ -405,6 +401,18 @@ def note_prompt_changes(
     if fingerprints:
         atomic_write_text(path, json.dumps(dict(fingerprints), indent=2) + "\n", out_dir)
     return lines
+
+
+def changed_prompts(out_dir: Path, fingerprints: Mapping[str, str]) -> list[str]:
+    """The stages whose prompt ``fingerprints`` differ from the folder's last run's (read
+    only: ``note_prompt_changes`` records them); their cached answers no longer apply."""
+    path = out_dir / PROMPTS_FILE
+    try:
+        before = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        before = {}
+    known = before if isinstance(before, dict) else {}
+    return [s for s, f in fingerprints.items() if known.get(s) not in (None, f)]
 
 
 def _cached_by_stage(cfg: RecipeConfig, out_dir: Path, stages: list[str]) -> dict[str, int]:
