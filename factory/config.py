@@ -365,7 +365,13 @@ class AmplifyConfig(_Strict):
     seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
     prompt: str = Field("../prompts/amplify.j2", description="Amplification prompt template.")
     expected_yield: float = Field(
-        0.9, gt=0, le=1, description="Planning estimate (dry run) of accepted / issued calls."
+        0.9,
+        gt=0,
+        le=1,
+        description="The recipe's yield, accepted rows / calls: the plan's calls are the target "
+        "over it, and the run's planner starts from it until its calls come back. Once a run "
+        "of the output folder has ended, the plan weighs in the yield that run measured (and "
+        "says so).",
     )
     max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")

@@ -278,7 +278,7 @@ def plan_lines(
         cache = f"the response cache {cfg.cache.path}" if cfg.cache.path else "its response cache"
         lines.append(
             f"already paid in this folder: {_usd(prior.cost_usd)} for {prior.answers:,} "
-            f"answers in {cache}; the run gets them from the cache at no cost"
+            f"answers in {cache} (reused at no cost)"
         )
         if left is not None:
             calls, usd = left
