@@ -130,6 +130,7 @@ def prior_run(
     it, and the plan then says nothing of it.
     """
     from factory.engine.prompts import prompt_fingerprints
+    from factory.engine.settings import llm_stages
     from factory.io.runstate import CACHE_DIR, changed_prompts
 
     state = {} if fresh else _read_json(out_dir / "run.json")
@@ -141,15 +142,9 @@ def prior_run(
     cached: dict[str, tuple[int, float]] = {}
     if cfg.cache.enabled and not drop_cache and "://" not in location and Path(location).is_dir():
         stale = set(changed_prompts(out_dir, prompt_fingerprints(cfg)))
-        cached = _cache_spend(location, [s for s in _stages(cfg) if s not in stale])
+        stages = [s for s in llm_stages(cfg) if s not in stale]  # ids start with "<stage>-"
+        cached = _cache_spend(location, stages)
     return Prior(cached=cached, resumes=_resumes(state, now, retry_failed), finished=finished)
-
-
-def _stages(cfg: RecipeConfig) -> list[str]:
-    """The LLM stages a run of ``cfg`` calls (request ids start with ``<stage>-``)."""
-    if cfg.llm is None or cfg.pipeline != "amplify":
-        return []
-    return (["prefilter"] if cfg.prefilter.enabled else []) + ["amplify"]
 
 
 def _cache_spend(location: str, stages: list[str]) -> dict[str, tuple[int, float]]:
