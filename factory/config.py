@@ -365,7 +365,13 @@ class AmplifyConfig(_Strict):
     seed: int = Field(0, description="Seed for deterministic seed assignment and sampling.")
     prompt: str = Field("../prompts/amplify.j2", description="Amplification prompt template.")
     expected_yield: float = Field(
-        0.9, gt=0, le=1, description="Planning estimate (dry run) of accepted / issued calls."
+        0.9,
+        gt=0,
+        le=1,
+        description="The recipe's yield, accepted rows / calls: the plan's calls are the target "
+        "over it, and the run's planner starts from it until its calls come back. Once a run "
+        "of the output folder has ended, the plan weighs in the yield that run measured (and "
+        "says so).",
     )
     max_calls: int | None = Field(None, ge=1, description="Stop issuing calls after this many.")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop issuing at this spend.")
@@ -668,22 +674,46 @@ def resolve_recipe_path(name: str | Path, cwd: Path | None = None) -> Path:
     repository root, where the file lives under ``pipelines/``; with the package
     installed (a cluster image, no ``--working-dir``) it runs from any folder.
     ``factory:pipelines/NAME.yaml`` names a shipped recipe explicitly.
+
+    Raises:
+        ConfigError: no such file; the message lists each place tried once and names
+            the nearest recipe found there (``airlin.yaml``: did you mean airline.yaml?).
     """
     cwd = cwd or Path.cwd()
+    folders: list[Path] = []
     if packs.is_shipped(str(name)):
         candidates = [packs.resolve(str(name))]
+        folders.append(candidates[0].parent)
     else:
         given = Path(name)
         candidates = [given if given.is_absolute() else cwd / given]
         if not given.is_absolute() and len(given.parts) == 1:
-            stems = (given.name, f"{given.name}.yaml")
-            candidates += [cwd / "pipelines" / stem for stem in stems]
-            candidates += [packs.folder("pipelines") / stem for stem in stems]
+            yaml_suffix = given.suffix in (".yaml", ".yml")
+            stems = (given.name,) if yaml_suffix else (given.name, f"{given.name}.yaml")
+            folders += [cwd / "pipelines", packs.folder("pipelines")]
+            candidates += [folder / stem for folder in folders for stem in stems]
     for cand in candidates:
         if cand.is_file():
             return cand.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise ConfigError(f"recipe not found (tried {tried})", key_path="recipe")
+    # The shipped folder is the working folder's pipelines/ in a checkout: name each once.
+    tried = ", ".join(dict.fromkeys(str(c.resolve()) for c in candidates))
+    raise ConfigError(
+        f"recipe not found (tried {tried}){_nearest_recipe(Path(name).name, folders)}",
+        key_path="recipe",
+    )
+
+
+def _nearest_recipe(name: str, folders: list[Path]) -> str:
+    """``; did you mean airline.yaml?`` (the closest recipe file name in ``folders``), or
+    the recipes there when none is close, or "" when the folders hold none."""
+    known = sorted({p.stem for f in folders if f.is_dir() for p in f.glob("*.yaml")})
+    if not known:
+        return ""
+    wanted = Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    close = difflib.get_close_matches(wanted, known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]}.yaml?"
+    return f"; recipes there: {', '.join(f'{k}.yaml' for k in known)}"
 
 
 def _key_path(parts: Any) -> str:

@@ -7,9 +7,12 @@ not spend that unseen. Before Ray starts, ``factory run``:
    answers a TCP connect at every endpoint's host and port within a few seconds
    (``check_endpoints``; the development server is an endpoint like any other), so
    a missing key or a dead URL is reported in a second, not after Ray started;
-2. prints the plan: calls, tokens and cost per stage (``factory.engine.plan``), what
-   earlier runs of the folder already paid (their calls come back from the response
-   cache at no cost), and the caps that bound the spend (``plan_lines``);
+2. prints the plan: calls, tokens and cost per stage (``factory.engine.plan``, its
+   yield measured by an earlier run of the folder when there is one: ``measured``),
+   whether the run resumes the folder's run and why, what the answers in the folder's
+   response cache already cost (the cache answers them again at no cost, so only the
+   rest is left to pay: ``prior_run``, ``left_to_pay``), and the caps that bound the
+   spend (``plan_lines``);
 3. on a terminal, asks before a run whose cost left to pay exceeds the recipe's
    ``amplify.confirm_above_usd`` (default $25; ``--confirm-above``), unless ``--yes``
    (``needs_confirmation``). Without a terminal (``ray job submit``) nothing is asked:
@@ -22,14 +25,15 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from factory.config import RecipeConfig
-from factory.errors import UnreachableError
+from factory.errors import FactoryError, UnreachableError
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -38,9 +42,12 @@ __all__ = [
     "check_endpoints",
     "check_keys",
     "estimate",
+    "left_to_pay",
+    "measured",
     "needs_confirmation",
     "plan_lines",
     "prior_run",
+    "question",
 ]
 
 CONNECT_TIMEOUT_S = 3.0
@@ -80,38 +87,133 @@ def estimate(stages: list[Any], *, batch: bool = False) -> Estimate:
 
 @dataclass(frozen=True)
 class Prior:
-    """What an earlier run of the output folder left: its cost and whether it finished."""
+    """What the output folder already holds for this run.
 
-    cost_usd: float = 0.0
+    ``cached``: per LLM stage, the answers in the folder's response cache and what they
+    cost when paid; the run gets them again at no cost. ``resumes``: why this run
+    continues the folder's run (None: a new run, or ``--fresh``). ``finished``: the
+    folder holds a finished run of this recipe with the same target, so the run will
+    only say "already complete" (``factory.io.runstate.prepare_output``).
+    """
+
+    cached: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    resumes: str | None = None
     finished: bool = False
+
+    @property
+    def answers(self) -> int:
+        return sum(n for n, _ in self.cached.values())
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(usd for _, usd in self.cached.values())
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def prior_run(
     out_dir: Path, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
 ) -> Prior:
-    """Read ``OUT/manifest.json`` and ``OUT/run.json`` of an earlier run, if any.
+    """Read ``OUT/run.json`` and the response cache of an earlier run, if any.
 
-    ``cost_usd``: what the folder's output cost so far; those calls are answered from
-    the response cache again (0 when the cache is off or dropped). ``finished``: the
-    folder holds a finished run of this recipe with the same target, so the run will
-    only say "already complete" (``factory.io.runstate.prepare_output``).
+    Why the cache and not the manifest: an interrupted run leaves no manifest (each run
+    writes it at its end), and its answers are paid all the same (issue 39: a gpt-5 run
+    stopped after 105 answers planned its resume as a fresh run). The answers of a stage
+    whose prompts changed since (``OUT/prompts.json``) are not counted: their requests
+    have other ids now. A cache behind a URI (``s3://``) is not read here: the run reads
+    it, and the plan then says nothing of it.
     """
+    from factory.engine.prompts import prompt_fingerprints
+    from factory.engine.settings import llm_stages
+    from factory.io.runstate import CACHE_DIR, changed_prompts
 
-    def read(name: str) -> dict[str, Any]:
-        try:
-            value = json.loads((out_dir / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
-
-    state = read("run.json")
-    cost = 0.0
-    if cfg.cache.enabled and not drop_cache:
-        cost = float(read("manifest.json").get("cost_usd") or 0.0)
+    state = {} if fresh else _read_json(out_dir / "run.json")
     before = ((state.get("recipe") or {}).get("amplify") or {}).get("target")
     now = cfg.amplify.target if cfg.amplify else None
-    finished = not fresh and not retry_failed and state.get("status") == "done" and before == now
-    return Prior(cost_usd=cost, finished=finished)
+    status = state.get("status")
+    finished = not retry_failed and status == "done" and before == now
+    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    cached: dict[str, tuple[int, float]] = {}
+    if cfg.cache.enabled and not drop_cache and "://" not in location and Path(location).is_dir():
+        stale = set(changed_prompts(out_dir, prompt_fingerprints(cfg)))
+        stages = [s for s in llm_stages(cfg) if s not in stale]  # ids start with "<stage>-"
+        cached = _cache_spend(location, stages)
+    return Prior(cached=cached, resumes=_resumes(state, now, retry_failed), finished=finished)
+
+
+def _cache_spend(location: str, stages: list[str]) -> dict[str, tuple[int, float]]:
+    from factory.io.cache import ResponseCache
+
+    try:
+        with ResponseCache(location, refresh_interval_s=0.0) as cache:
+            spent = {stage: cache.spend(f"{stage}-") for stage in stages}
+    except (OSError, FactoryError):  # an unreadable cache: the run reports it
+        return {}
+    return {stage: found for stage, found in spent.items() if found[0]}
+
+
+def _resumes(state: Mapping[str, Any], target: int | None, retry_failed: bool) -> str | None:
+    """Why a run continues the folder's run (run.json's ``state``), or None."""
+    status = state.get("status")
+    if status == "running":
+        return "it did not end (interrupted, killed or crashed)"
+    if status == "stopped":
+        return f"it was stopped ({state.get('stopped_by') or 'short of its target'})"
+    if status == "done":
+        before = ((state.get("recipe") or {}).get("amplify") or {}).get("target")
+        if before != target:
+            return f"it finished, and amplify.target changed from {before} to {target}"
+        if retry_failed:
+            return "it finished; --retry-failed issues its failed calls again"
+    return None
+
+
+def measured(out_dir: Path, cfg: RecipeConfig) -> tuple[int, int] | None:
+    """``(rows, calls)`` of the folder's last run that ended (``run.json`` totals: rows
+    accepted or surplus, calls used), for the plan's yield; None for a new folder, an
+    interrupted run (it wrote no totals) or a mixed recipe (its parts differ)."""
+    if cfg.parts is not None or cfg.pipeline != "amplify":
+        return None
+    totals = _read_json(out_dir / "run.json").get("totals") or {}
+    try:
+        rows = int(totals.get("accepted") or 0) + int(totals.get("surplus") or 0)
+        calls = int(totals.get("total") or 0)
+    except (TypeError, ValueError):
+        return None
+    return (rows, calls) if calls > 0 else None
+
+
+def left_to_pay(
+    stages: list[Any], prior: Prior, *, batch: bool = False
+) -> tuple[int, float | None]:
+    """``(calls, usd)`` the run has still to pay: per stage, its planned calls less the
+    answers of that stage the response cache holds (answered at no cost), at the stage's
+    planned cost per call; usd is None when a stage has no price.
+
+    Why per call and not the estimate less what was paid: the estimate's cost per call
+    is what the calls left will cost; the cached answers may have cost more or less.
+    """
+    planned: dict[str, list[Any]] = {}
+    for s in stages:  # a mixed recipe's parts (amplify/airline ...) share one cache stage
+        planned.setdefault(s.stage.split("/", 1)[0], []).append(s)
+    calls, usd, priced = 0, 0.0, True
+    for stage, group in planned.items():
+        total = sum(s.calls for s in group)
+        left = max(0, total - prior.cached.get(stage, (0, 0.0))[0])
+        calls += left
+        for s in group:
+            cost = s.batch_cost_usd if batch else s.cost_usd
+            if cost is None:
+                priced = False
+            elif total:
+                usd += cost * left / total
+    return calls, (usd if priced else None)
 
 
 def _usd(value: float) -> str:
@@ -140,17 +242,17 @@ def caps(cfg: RecipeConfig) -> list[str]:
     return out
 
 
-def to_pay(est: Estimate, prior: Prior) -> float | None:
-    """The estimated cost left to pay: the estimate less what the cache will answer."""
-    if est.cost_usd is None:
-        return None
-    return max(0.0, est.cost_usd - prior.cost_usd)
-
-
 def plan_lines(
-    est: Estimate, cfg: RecipeConfig, prior: Prior, *, devserver: bool = False
+    est: Estimate,
+    cfg: RecipeConfig,
+    prior: Prior,
+    *,
+    devserver: bool = False,
+    left: tuple[int, float | None] | None = None,
+    out_dir: Path | None = None,
 ) -> list[str]:
-    """What a run prints under the plan's table before its first call."""
+    """What a run prints under the plan's table before its first call. ``left``: the
+    calls and cost left to pay (``left_to_pay``), shown when the cache holds answers."""
     lines = [
         f"plan: {est.calls:,} LLM calls, {_tokens(est.prompt_tokens)} prompt tokens "
         f"({_tokens(est.cached_tokens)} of them cached), {_tokens(est.completion_tokens)} "
@@ -164,13 +266,19 @@ def plan_lines(
     else:
         how = " (Batch API prices: llm.backend openai_batch)" if est.batch else ""
         lines.append(f"estimated cost: {_usd(est.cost_usd)}{how}")
-    if prior.cost_usd > 0:
-        left = to_pay(est, prior)
-        rest = f"; about {_usd(left)} left to pay" if left is not None else ""
+    if prior.resumes is not None:
+        where = f" in {out_dir}" if out_dir is not None else ""
+        lines.append(f"resuming the run{where}: {prior.resumes}")
+    if prior.answers:
+        cache = f"the response cache {cfg.cache.path}" if cfg.cache.path else "its response cache"
         lines.append(
-            f"already paid in this folder: {_usd(prior.cost_usd)} (those calls are answered "
-            f"from the response cache at no cost){rest}"
+            f"already paid in this folder: {_usd(prior.cost_usd)} for {prior.answers:,} "
+            f"answers in {cache} (reused at no cost)"
         )
+        if left is not None:
+            calls, usd = left
+            cost = "" if usd is None else f", about {_usd(usd)}"
+            lines.append(f"left to pay: {calls:,} of the {est.calls:,} calls{cost}")
     found = caps(cfg)
     lines.append(
         f"cap: {', '.join(found)} (the run stops issuing calls there)"
@@ -183,6 +291,17 @@ def plan_lines(
             "gives its model)"
         )
     return lines
+
+
+def question(cost_usd: float, prior: Prior) -> str:
+    """The question a terminal is asked: about what is left to pay, on a resume."""
+    verb = "Resume" if prior.resumes is not None else "Start"
+    if prior.answers:
+        return (
+            f"{verb} this run? What is left to pay may cost about {_usd(cost_usd)} "
+            f"({_usd(prior.cost_usd)} already paid). [y/N] "
+        )
+    return f"{verb} this run? It may cost about {_usd(cost_usd)}. [y/N] "
 
 
 def needs_confirmation(

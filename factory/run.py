@@ -138,7 +138,14 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
             for file in unreviewed(cfg):
                 print(f"note: {file} still holds x-review marks: a run refuses it", file=sys.stderr)
 
-            plan = make_plan(cfg, with_examples=args.show_prompts and not args.json)
+            from factory.preflight import measured
+
+            out_dir = Path(args.output or cfg.output.dir).resolve()
+            plan = make_plan(
+                cfg,
+                with_examples=args.show_prompts and not args.json,
+                measured=measured(out_dir, cfg),
+            )
             text = plan.render(show_prompts=args.show_prompts)
             print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
             return 0
@@ -214,14 +221,17 @@ def _preflight(cfg: Any, out_dir: Path, args: argparse.Namespace, *, devserver: 
         return True  # the run says "already complete" and calls nothing
     from factory.engine.plan import make_plan
 
-    plan = make_plan(cfg, with_examples=False)
+    plan = make_plan(cfg, with_examples=False, measured=preflight.measured(out_dir, cfg))
     assert cfg.llm is not None
-    est = preflight.estimate(plan.stages, batch=cfg.llm.backend == "openai_batch")
+    batch = cfg.llm.backend == "openai_batch"
+    est = preflight.estimate(plan.stages, batch=batch)
+    left = preflight.left_to_pay(plan.stages, prior, batch=batch)
+    lines = preflight.plan_lines(est, cfg, prior, devserver=devserver, left=left, out_dir=out_dir)
     # stdout: what `ray job submit` keeps in the job's log
-    print(plan.render(), *preflight.plan_lines(est, cfg, prior, devserver=devserver), sep="\n")
+    print(plan.render(), *lines, sep="\n")
     assert cfg.amplify is not None
     threshold = cfg.amplify.confirm_above_usd if args.confirm_above is None else args.confirm_above
-    cost = preflight.to_pay(est, prior)
+    cost = left[1]
     ask = preflight.needs_confirmation(
         cost, threshold, interactive=sys.stdin.isatty(), yes=args.yes, paid=not devserver
     )
@@ -233,8 +243,9 @@ def _preflight(cfg: Any, out_dir: Path, args: argparse.Namespace, *, devserver: 
                 flush=True,
             )
         return True
+    assert cost is not None  # asked only about a known cost
     try:
-        answer = input(f"Start this run? It may cost about {cost:,.2f} USD. [y/N] ")
+        answer = input(preflight.question(cost, prior))
     except (EOFError, KeyboardInterrupt):
         answer = ""
     if answer.strip().lower() in ("y", "yes"):

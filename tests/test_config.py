@@ -151,6 +151,24 @@ def test_a_shipped_recipe_is_found_from_any_folder(tmp_path: Path) -> None:
         resolve_recipe_path("factory:pipelines/nope.yaml", tmp_path)
 
 
+def test_a_missing_recipe_names_each_place_once_and_the_nearest_recipe(tmp_path: Path) -> None:
+    # From the repository root, its pipelines/ is also the shipped folder (issue 39: each
+    # place was listed twice, and airlin.yaml.yaml tried).
+    with pytest.raises(ConfigError) as info:
+        resolve_recipe_path("airlin.yaml", ROOT)
+    message = str(info.value)
+    tried = message.split("(tried ", 1)[1].split(")", 1)[0].split(", ")
+    assert tried == [str(ROOT / "airlin.yaml"), str(ROOT / "pipelines" / "airlin.yaml")]
+    assert message.endswith("; did you mean airline.yaml?")
+    with pytest.raises(ConfigError, match=r"did you mean airline-envsim\.yaml\?"):
+        resolve_recipe_path("airline-envsm", tmp_path)
+    # Nothing close: the recipes there are listed instead of a wild guess.
+    with pytest.raises(ConfigError) as info:
+        resolve_recipe_path("zzz.yaml", tmp_path)
+    assert "did you mean" not in str(info.value)
+    assert "recipes there: airline.yaml, " in str(info.value)
+
+
 def test_recipe_paths_resolve_against_the_recipe_or_the_shipped_files(tmp_path: Path) -> None:
     from factory import packs
 

@@ -51,6 +51,7 @@ def test_the_decision_to_ask(cost, threshold, interactive, yes, paid, asks) -> N
 
 def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
     stages = [_stage("o4-mini", 41, 0.12), _stage("gpt-5", 100_000, 953.55)]
+    stages[0].stage = "prefilter"
     est = preflight.estimate(stages)
     assert est.calls == 100_041 and est.cost_usd == pytest.approx(953.67)
     batched = preflight.estimate(
@@ -58,34 +59,109 @@ def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
     )
     assert batched.cost_usd == pytest.approx(476.835)
     assert "(Batch API prices" in preflight.plan_lines(batched, _cfg(), preflight.Prior())[1]
-    lines = preflight.plan_lines(est, _cfg(), preflight.Prior(cost_usd=5.0))
+    prior = preflight.Prior(cached={"amplify": (500, 5.0)}, resumes="it did not end")
+    left = preflight.left_to_pay(stages, prior)
+    assert left[0] == 41 + 99_500 and left[1] == pytest.approx(0.12 + 953.55 * 0.995)
+    lines = preflight.plan_lines(est, _cfg(), prior, left=left, out_dir=Path("/o"))
     text = "\n".join(lines)
     assert "plan: 100,041 LLM calls, 100.0 M prompt tokens (80.0 M of them cached)" in text
     assert "estimated cost: 953.67 USD" in text
-    assert "already paid in this folder: 5.00 USD" in text and "948.67 USD left to pay" in text
+    assert "resuming the run in /o: it did not end" in text
+    assert "already paid in this folder: 5.00 USD for 500 answers in its response cache" in text
+    assert "left to pay: 99,541 of the 100,041 calls, about 948.90 USD" in text
     assert "cap: amplify.max_cost_usd = 2,000.00 USD" in text
-    assert preflight.to_pay(est, preflight.Prior(cost_usd=1000.0)) == 0.0
+    assert preflight.question(948.89, prior) == (
+        "Resume this run? What is left to pay may cost about 948.89 USD (5.00 USD already "
+        "paid). [y/N] "
+    )
+    assert preflight.question(953.67, preflight.Prior()) == (
+        "Start this run? It may cost about 953.67 USD. [y/N] "
+    )
+    # more answers cached than planned: nothing left of that stage
+    assert preflight.left_to_pay(stages, preflight.Prior(cached={"amplify": (200_000, 1.0)}))[
+        1
+    ] == pytest.approx(0.12)
+    # a mixed recipe's parts share the cache's amplify answers
+    parts = [
+        replace(stages[1], stage="amplify/airline"),
+        replace(stages[1], stage="amplify/retail"),
+    ]
+    assert preflight.left_to_pay(parts, preflight.Prior(cached={"amplify": (100_000, 1.0)})) == (
+        100_000,
+        pytest.approx(953.55),
+    )
     bare = "\n".join(
         preflight.plan_lines(est, _cfg("amplify.max_cost_usd=null"), preflight.Prior())
     )
     assert "cap: none (set amplify.max_cost_usd" in bare and "already paid" not in bare
+    assert "resuming" not in bare
     unpriced = preflight.estimate([_stage("my-model", 10, None)])
     assert unpriced.cost_usd is None and unpriced.unpriced == ("my-model",)
+    assert preflight.left_to_pay([_stage("my-model", 10, None)], preflight.Prior()) == (10, None)
     text = "\n".join(preflight.plan_lines(unpriced, _cfg(), preflight.Prior(), devserver=True))
     assert "my-model has no price" in text and "development server: nothing is paid" in text
 
 
-def test_an_earlier_run_of_the_folder_is_read(tmp_path: Path) -> None:
+def _cache_answers(folder: Path, stage: str, n: int, usd: float) -> None:
+    from factory.io.cache import ResponseCache
+
+    with ResponseCache(folder) as cache:
+        for i in range(n):
+            cache.put(f"{stage}-{i:032x}", {"attempts": 1, "cost_usd": usd, "text": '"cost_usd":9'})
+
+
+def test_an_earlier_run_of_the_folder_is_read_from_its_state_and_its_cache(tmp_path: Path) -> None:
+    # Issue 39: an interrupted run leaves no manifest; its answers are in the cache.
     cfg = _cfg("amplify.target=200")
-    state = {"status": "done", "recipe": {"amplify": {"target": 200}}}
-    (tmp_path / "run.json").write_text(json.dumps(state))
-    (tmp_path / "manifest.json").write_text(json.dumps({"cost_usd": 4.5}))
     kw = {"fresh": False, "drop_cache": False, "retry_failed": False}
-    assert preflight.prior_run(tmp_path, cfg, **kw) == preflight.Prior(4.5, finished=True)
-    extended = preflight.prior_run(tmp_path, _cfg("amplify.target=300"), **kw)
-    assert extended == preflight.Prior(4.5, finished=False)
-    assert preflight.prior_run(tmp_path, cfg, **{**kw, "drop_cache": True}).cost_usd == 0.0
     assert preflight.prior_run(tmp_path / "new", cfg, **kw) == preflight.Prior()
+    state = {"status": "running", "recipe": {"amplify": {"target": 200}}}
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    _cache_answers(tmp_path / "cache", "amplify", 105, 0.25)
+    _cache_answers(tmp_path / "cache", "prefilter", 41, 0.001)
+    prior = preflight.prior_run(tmp_path, cfg, **kw)
+    assert prior.cached == {
+        "amplify": (105, pytest.approx(26.25)),
+        "prefilter": (41, pytest.approx(0.041)),
+    }
+    assert prior.answers == 146 and prior.cost_usd == pytest.approx(26.291)
+    assert prior.resumes == "it did not end (interrupted, killed or crashed)"
+    assert not prior.finished
+    state = {**state, "status": "stopped", "stopped_by": "max_cost_usd"}
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    assert preflight.prior_run(tmp_path, cfg, **kw).resumes == "it was stopped (max_cost_usd)"
+    (tmp_path / "run.json").write_text(json.dumps({**state, "status": "done"}))
+    done = preflight.prior_run(tmp_path, cfg, **kw)
+    assert done.finished and done.resumes is None
+    extended = preflight.prior_run(tmp_path, _cfg("amplify.target=300"), **kw)
+    assert not extended.finished and "amplify.target changed from 200 to 300" in (
+        extended.resumes or ""
+    )
+    retried = preflight.prior_run(tmp_path, cfg, **{**kw, "retry_failed": True})
+    assert not retried.finished and "--retry-failed" in (retried.resumes or "")
+    # --fresh starts over but keeps the cache: its answers are still free
+    fresh = preflight.prior_run(tmp_path, cfg, **{**kw, "fresh": True})
+    assert fresh.resumes is None and fresh.answers == 146
+    assert preflight.prior_run(tmp_path, cfg, **{**kw, "drop_cache": True}).answers == 0
+    assert preflight.prior_run(tmp_path, _cfg("cache.enabled=false"), **kw).answers == 0
+    # A stage whose prompts changed since gets none of its answers again.
+    from factory.engine.prompts import prompt_fingerprints
+
+    prints = prompt_fingerprints(cfg)
+    (tmp_path / "prompts.json").write_text(json.dumps({**prints, "amplify": "edited"}))
+    assert preflight.prior_run(tmp_path, cfg, **kw).cached == {
+        "prefilter": (41, pytest.approx(0.041))
+    }
+
+
+def test_the_yield_of_the_folders_last_run_is_measured(tmp_path: Path) -> None:
+    cfg = _cfg()
+    assert preflight.measured(tmp_path, cfg) is None
+    totals = {"total": 173, "accepted": 100, "surplus": 9, "rejected": 64, "failed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({"status": "done", "totals": totals}))
+    assert preflight.measured(tmp_path, cfg) == (109, 173)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # interrupted
+    assert preflight.measured(tmp_path, cfg) is None
 
 
 def test_a_missing_key_is_named_before_anything_starts(monkeypatch, capsys, tmp_path) -> None:
@@ -155,6 +231,31 @@ def test_a_terminal_is_asked_and_no_means_nothing_starts(
     monkeypatch.setattr(factory.engine.runner, "run", _FakeRun())
     assert main(_paid_run(out, local_endpoint, "--confirm-above", "1000")) == 0
     assert asked == []
+
+
+def test_a_resume_says_so_and_asks_about_what_is_left_to_pay(
+    local_endpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Issue 39: a gpt-5 run interrupted after 105 answers showed a fresh run's plan and
+    asked about the whole cost."""
+    import factory.engine.runner
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"status": "running", "recipe": {}}))
+    _cache_answers(out / "cache", "amplify", 105, 0.4)
+    asked: list[str] = []
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    monkeypatch.setattr(factory.engine.runner, "run", lambda *a, **k: pytest.fail("started"))
+    assert main(_paid_run(out, local_endpoint)) == 5
+    printed = capsys.readouterr().out
+    assert f"resuming the run in {out}: it did not end" in printed
+    assert "already paid in this folder: 42.00 USD for 105 answers" in printed
+    assert "left to pay: 99,936 of the 100,041 calls, about " in printed
+    assert len(asked) == 1 and asked[0].startswith("Resume this run? What is left to pay may")
+    left = float(asked[0].split("cost about ")[1].split(" USD")[0].replace(",", ""))
+    assert 952.0 < left < 953.0 and asked[0].endswith("(42.00 USD already paid). [y/N] ")
 
 
 class _FakeRun:

@@ -52,6 +52,8 @@ def test_dry_run_json_plan_counts_seed_rejects(tmp_path: Path, capsys) -> None:
             f"seeds.path={seeds}",
             "--set",
             "amplify.target=30",
+            "-o",  # an empty folder: no earlier run's yield
+            str(tmp_path / "o"),
         ]
     )
     assert code == 0

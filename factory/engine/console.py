@@ -22,6 +22,7 @@ errors the factory had already explained. Here:
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -56,6 +57,10 @@ __all__ = [
 LOG_FILE = Path("logs") / "run.log"  # under the output folder
 _CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# Terminal control sequences (CSI: colours, cursor moves, line erases), as Ray colours the
+# ``(WorkerActor pid=...)`` prefix of every worker line it forwards.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 _console: IO[str] | None = None  # set while quiet_ray redirects standard error
 _ray_was_running = True  # inside quiet_ray: was a Ray session up when the block began?
@@ -166,7 +171,7 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
     sys.stderr.flush()
     os.dup2(log_fd, 2)
     # Kept by name: whatever replaces sys.stderr during the block, this stream is closed.
-    ours = open(os.dup(log_fd), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    ours = _Uncoloured(os.fdopen(os.dup(log_fd), "wb"), encoding="utf-8", errors="replace")
     sys.stderr = ours
     logging.getLogger("factory").info("run started (pid %d); log %s", os.getpid(), log_path)
     try:
@@ -190,6 +195,23 @@ def quiet_ray(out_dir: Path) -> Iterator[Path]:
             _console = previous_console
             if term is not None:
                 term.close()
+
+
+class _Uncoloured(io.TextIOWrapper):
+    """A line-buffered text stream that drops terminal control sequences.
+
+    Why: Ray forwards every worker line to the driver's ``sys.stderr`` with its
+    ``(WorkerActor pid=...)`` prefix in colour; in ``OUT/logs/run.log`` those codes are
+    noise to a pager, an editor or ``grep`` (issue 39). The terminal keeps its colours:
+    only the log's stream strips them.
+    """
+
+    def __init__(self, buffer: IO[bytes], *, encoding: str, errors: str) -> None:
+        super().__init__(buffer, encoding=encoding, errors=errors, line_buffering=True)
+
+    def write(self, text: str) -> int:
+        super().write(_ANSI.sub("", text))
+        return len(text)
 
 
 def _fileno(stream: Any) -> int | None:
@@ -431,7 +453,6 @@ def top_reasons(
 
 # --- errors from Ray ---------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAISED = re.compile(r"^factory\.errors\.(\w+): (.+)$", re.M)
 
 

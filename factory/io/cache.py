@@ -78,6 +78,7 @@ __all__ = [
 
 _LINE = re.compile(rb'\{"c":"([0-9a-f]{8})",')
 _PREFIX_LEN = 16  # len('{"c":"xxxxxxxx",')
+_COST = re.compile(rb'"cost_usd":(-?[0-9][0-9.eE+-]*)')
 _SCAN_CHUNK = 8 << 20
 _DECODER = json.JSONDecoder()
 
@@ -272,6 +273,32 @@ class ResponseCache:
             self._refresh_if_due()
             ids = set(self._index) | set(self._pending)
             return sum(1 for i in ids if i.startswith(prefix))
+
+    def spend(self, prefix: str = "") -> tuple[int, float]:
+        """``(answers, usd)``: distinct ids starting with ``prefix`` and what their answers
+        cost when they were paid (their records' ``cost_usd``, 0 where a record has none).
+
+        Why: a resumed run gets these answers from the cache at no cost, and its plan says
+        what was already paid and what is left to pay (``factory.preflight``, issue 39).
+        The cost is read from each line's head without decoding the answer: a
+        ``Completion`` record is written with sorted keys (``encode_line``), so its
+        ``cost_usd`` comes before its text, and a JSON string holds no bare quote, so no
+        text can pass for it.
+        """
+        with self._lock:
+            self._refresh_if_due()
+            answers, usd = 0, 0.0
+            lines = [line for key, line in self._pending.items() if key.startswith(prefix)]
+            for key, (i, offset, length) in self._index.items():
+                if key.startswith(prefix) and key not in self._pending:
+                    seg = self._segments[i]
+                    lines.append(self._store.read(seg.name, offset, length, seg.size))
+            for line in lines:
+                answers += 1
+                found = _COST.search(line)
+                with contextlib.suppress(ValueError):
+                    usd += float(found.group(1)) if found else 0.0
+            return answers, usd
 
     def refresh(self) -> None:
         """Index the entries other writers added since the last look."""

@@ -74,19 +74,31 @@ def test_cost_cap_then_resume_costs_what_an_uninterrupted_run_costs(
     # the cap cut the run short: calls are issued only while the budget has room for them
     assert capped.manifest["budget"]["stopped_by"] == "max_cost_usd"
     assert capped.totals["accepted"] < 120 and not capped.manifest["target"]["reached"]
+    assert not (out_b / "unstored").exists()  # the reserve goes when a run ends
 
-    resumed = run(
-        recipe(
-            "airline.yaml",
-            out_b,
-            *dev_overrides(b.url, target=120),
-            PRICE,
-            *SLOW,
-            "amplify.max_cost_usd=null",
-        ),
+    resumed_cfg = recipe(
+        "airline.yaml",
         out_b,
-        progress=False,
+        *dev_overrides(b.url, target=120),
+        PRICE,
+        *SLOW,
+        "amplify.max_cost_usd=null",
     )
+    # What the resume's plan says before its first call (issue 39): that it resumes, and
+    # what the folder's cached answers cost (all of what the stopped run paid).
+    from factory import preflight
+
+    prior = preflight.prior_run(
+        out_b, resumed_cfg, fresh=False, drop_cache=False, retry_failed=False
+    )
+    assert prior.resumes == "it was stopped (max_cost_usd)"
+    assert prior.cost_usd == pytest.approx(spent, abs=1e-6)
+    assert prior.answers == capped.manifest["budget"]["calls"]
+    assert preflight.measured(out_b, resumed_cfg) == (
+        capped.totals["accepted"] + capped.totals["surplus"],
+        capped.totals["total"],
+    )
+    resumed = run(resumed_cfg, out_b, progress=False)
     assert resumed.extra["mode"] == "resume"
     assert ids(out_b) == ids(out_a)
     assert resumed.manifest["cost_usd"] == pytest.approx(cost, rel=1e-9)

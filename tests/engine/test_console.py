@@ -95,6 +95,21 @@ def test_quiet_ray_sends_fd2_to_the_run_log_and_keeps_the_console(
     assert "raylet noise" in text and "python noise" in text and "factory line" not in text
 
 
+def test_the_run_log_has_no_colour_codes_and_the_terminal_keeps_them(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Ray's forwarded worker lines, as its print_worker_logs writes them (issue 39).
+    forwarded = "\x1b[36m(WorkerActor pid=9259)\x1b[0m factory: a worker line"
+    with quiet_ray(tmp_path) as log:
+        print(forwarded, file=sys.stderr)
+        sys.stderr.write("\x1b[1m\x1b[32mbold green\x1b[39m\x1b[22m\x1b[2K\n")
+        print("\x1b[33mfactory line\x1b[0m", file=console())
+    text = log.read_text()
+    assert "(WorkerActor pid=9259) factory: a worker line\n" in text
+    assert "bold green\n" in text and "\x1b" not in text
+    assert "\x1b[33mfactory line\x1b[0m" in capfd.readouterr().err
+
+
 @pytest.mark.ray
 def test_expected_errors_come_back_from_ray_tasks_and_actors(ray_session) -> None:
     import ray.data

@@ -137,6 +137,32 @@ def test_room_is_reserved_for_paid_answers_and_taken_when_the_disk_is_full(
     assert len(list((out / UNSTORED_DIR).glob("*.jsonl"))) == 1
 
 
+def test_the_reserve_goes_when_a_run_ends_and_comes_back_with_the_next(tmp_path) -> None:
+    # Issue 39: 16 MB of unstored/.reserve stayed in every finished folder.
+    from factory.io.runstate import RESERVE_FILE, UNSTORED_DIR, finish_run
+    from factory.io.writer import Manifest
+
+    cfg = load_recipe(ROOT / "pipelines/airline.yaml", ["amplify.target=5"])
+    out = tmp_path / "o"
+    reserve = out / UNSTORED_DIR / RESERVE_FILE
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "new"
+    assert reserve.stat().st_size > 0
+    Manifest("r", "h").write(out, total=0, accepted=0)
+    finish_run(cfg, out, stopped_by="max_cost_usd")
+    assert not (out / UNSTORED_DIR).exists()
+    # the next run (a resume of the stopped one) reserves the room again before any call
+    assert prepare_output(cfg, out, fresh=False, retry_failed=False) == "resume"
+    assert reserve.stat().st_size > 0
+    # answers saved there stay when the run ends; only the reserve goes
+    (out / UNSTORED_DIR / "1-paid.jsonl").write_text("{}\n")
+    Manifest("r", "h").write(out, total=0, accepted=0)
+    finish_run(cfg, out, stopped_by=None)
+    assert [p.name for p in (out / UNSTORED_DIR).iterdir()] == ["1-paid.jsonl"]
+    extended = load_recipe(ROOT / "pipelines/airline.yaml", ["amplify.target=9"])
+    assert prepare_output(extended, out, fresh=False, retry_failed=False) == "resume"
+    assert reserve.stat().st_size > 0
+
+
 def test_changed_prompts_name_the_stage_and_its_unusable_cached_answers(tmp_path: Path) -> None:
     cfg = load_recipe(ROOT / "pipelines" / "airline.yaml")
     out = tmp_path / "out"

@@ -52,7 +52,14 @@ from factory.errors import SeedError
 from factory.io.runstate import batch_summary
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
 
-__all__ = ["AmplifyPlanner", "calls_wanted", "declare", "no_seeds_error", "preflight"]
+__all__ = [
+    "AmplifyPlanner",
+    "calls_wanted",
+    "declare",
+    "no_seeds_error",
+    "preflight",
+    "yield_estimate",
+]
 
 DEVSERVER_FINGERPRINT = "factory-devserver"
 MAX_AHEAD = 4096  # calls issued ahead of the oldest unfinished one (what waits in order)
@@ -83,8 +90,15 @@ def calls_wanted(
         return 0
     if released == 0 or accepted >= released:
         return max(0, remaining - pending)
-    estimate = (accepted + expected * PRIOR_CALLS) / (released + PRIOR_CALLS)
-    return max(0, math.ceil(remaining / max(estimate, 0.05) * 1.05) - pending)
+    estimate = yield_estimate(accepted, released, expected)
+    return max(0, math.ceil(remaining / estimate * 1.05) - pending)
+
+
+def yield_estimate(accepted: int, released: int, expected: float) -> float:
+    """The share of calls that give a row: the observed ``accepted / released`` with the
+    recipe's ``expected`` counted as ``PRIOR_CALLS`` calls, floored at 5% (pure). The
+    run's planner and the plan of a resumed folder (``factory.engine.plan``) both use it."""
+    return max((accepted + expected * PRIOR_CALLS) / (released + PRIOR_CALLS), 0.05)
 
 
 def no_progress_calls(target: int, concurrency: int) -> int:

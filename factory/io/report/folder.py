@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from factory.errors import ConfigError
 
-__all__ = ["OutputFolder", "Where", "parse_where", "reservoir"]
+__all__ = ["OutputFolder", "Where", "meta_keys", "parse_where", "reservoir", "unknown_keys"]
 
 DATA_DIR = "data"
 REJECT_DIRS = ("rejects", "failed")
@@ -72,6 +72,32 @@ def parse_where(items: Iterable[str]) -> list[Where]:
             raise ConfigError(f"--where {item!r}: expected KEY=VALUE, e.g. outcome=refused")
         out.append(Where(key.strip(), value.strip()))
     return out
+
+
+def meta_keys(metas: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every key a ``Where`` can name in ``metas``: the dotted path of each value
+    (``seed_id``, ``labels.outcome``) and, as ``Where`` reads them, the labels' bare
+    names (``outcome``)."""
+    keys: set[str] = set()
+
+    def walk(obj: Mapping[str, Any], prefix: str) -> None:
+        for key, value in obj.items():
+            path = f"{prefix}{key}"
+            keys.add(path)
+            if isinstance(value, dict):
+                walk(value, path + ".")
+
+    for meta in metas:
+        walk(meta, "")
+        labels = meta.get("labels")
+        if isinstance(labels, dict):
+            keys.update(str(k) for k in labels)
+    return keys
+
+
+def unknown_keys(where: Iterable[Where], known: set[str]) -> list[str]:
+    """The filters' keys that no row has (a typo: ``outcom=refused``), each once."""
+    return list(dict.fromkeys(w.key for w in where if w.key not in known))
 
 
 def reservoir(rows: Iterable[Any], k: int, *, seed: int = 0) -> list[Any]:

@@ -9,6 +9,7 @@ caller passes, so tests render to a string and read what a person would see.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 from collections.abc import Iterable, Mapping
@@ -18,7 +19,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from factory.io.report.folder import OutputFolder, Where
+from factory.errors import ConfigError
+from factory.io.report.folder import OutputFolder, Where, meta_keys, unknown_keys
 
 __all__ = ["inspect_folder", "render_row"]
 
@@ -130,6 +132,7 @@ def inspect_folder(
         console.print(render_row(row, rejected=rejects is not None))
         shown += 1
     if not shown:
+        _check_keys(folder, filters, rejects)
         what = f"rejected rows with reason {rejects}" if rejects else "accepted rows"
         cond = " and ".join(f"{w.key}={w.value}" for w in filters)
         console.print(f"no {what}" + (f" where {cond}" if cond else "") + f" in {folder.path}")
@@ -138,3 +141,37 @@ def inspect_folder(
             if known:
                 console.print("reasons in this folder: " + ", ".join(known))
     return shown
+
+
+KEY_SAMPLE = 1000  # rows whose keys are read to tell a mistyped --where key (rows share keys)
+
+
+def _check_keys(folder: OutputFolder, filters: list[Where], rejects: str | None) -> None:
+    """Refuse a ``--where`` key that no row has, naming the keys there are.
+
+    Why: ``--where outcom=refused`` matched nothing and answered ``no accepted rows
+    where outcom=refused``, which reads as "no refusals" (issue 39).
+
+    Raises:
+        ConfigError: a key no row of the folder has (the closest known key suggested).
+    """
+    if not filters:
+        return
+    if rejects is None:
+        rows: Iterable[Mapping[str, Any]] = (r["meta"] for r in folder.rows(["meta"]))
+    else:
+        rows = folder.rejects()
+    known = meta_keys(itertools.islice(rows, KEY_SAMPLE))
+    unknown = unknown_keys(filters, known)
+    if not unknown or not known:
+        return
+    shown = sorted(k for k in known if "." not in k)
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    guess = f"did you mean {close[0]}? " if close else ""
+    what = "rejected rows" if rejects is not None else "rows"
+    nested = "labels.outcome" if "labels.outcome" in known else min(known - set(shown), default="")
+    how = f" (a dotted path reaches a nested one: {nested})" if nested else ""
+    raise ConfigError(
+        f"--where {unknown[0]}: no key {unknown[0]} in the {what} of {folder.path}; "
+        f"{guess}keys: {', '.join(shown)}{how}"
+    )

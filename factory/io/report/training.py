@@ -11,12 +11,15 @@ markup (``MESSAGE_OVERHEAD``).
 
 Tokens are counted with the tokenizer of the model the recipe names
 (``output.tokenizer``: a Hugging Face name or a local folder), loaded offline with
-``transformers`` when it is installed and the files are on disk; otherwise at
-``CHARS_PER_TOKEN`` characters per token, a deliberately low figure (JSON, ids and
-dates tokenize at 2.5-3.5 characters per token with the Qwen and Llama tokenizers,
-English prose at about 4): counting too many tokens only raises the cutoff, counting
-too few cuts rows. The count is pure (``row_tokens``, ``cutoff_for``); loading the
-tokenizer is the only I/O.
+``transformers`` when it is installed and the files are on disk: the count is exact.
+Otherwise they are estimated at ``CHARS_PER_TOKEN`` characters per token; JSON, ids and
+dates tokenize at 2.5-3.5 characters per token with the Qwen and Llama tokenizers
+(English prose at about 4), so a row counted at 3 may really be 20% longer. The cutoff
+from an estimate therefore errs long: it is taken over each row's upper bound, its
+characters at ``DENSEST_CHARS_PER_TOKEN`` (``ESTIMATE_MARGIN``). Counting too many
+tokens only raises the cutoff (rows are not padded to it); counting too few cuts rows
+(issue 39: a row estimated at 1,255 tokens got ``cutoff_len: 1280``, a 2% margin). The
+count is pure (``row_tokens``, ``cutoff_for``); loading the tokenizer is the only I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "COVERAGE",
     "DEFAULT_MODEL",
+    "DENSEST_CHARS_PER_TOKEN",
+    "ESTIMATE_MARGIN",
     "SFT_FILE",
     "Fit",
     "TokenCounter",
@@ -50,7 +55,9 @@ __all__ = [
 ]
 
 SFT_FILE = "llamafactory/sft.yaml"
-CHARS_PER_TOKEN = 3.0
+CHARS_PER_TOKEN = 3.0  # the estimate's rate without a tokenizer: JSON, ids and prose mixed
+DENSEST_CHARS_PER_TOKEN = 2.5  # the densest text rows hold (JSON, ids, dates)
+ESTIMATE_MARGIN = CHARS_PER_TOKEN / DENSEST_CHARS_PER_TOKEN  # an estimated row's upper bound
 COVERAGE = 0.99  # rows cutoff_len keeps whole
 ROUND_TO = 256  # cutoff_len is a multiple of this
 MESSAGE_OVERHEAD = 8  # tokens of a message's markup (role header, end marker, tool tags)
@@ -78,10 +85,12 @@ _TEMPLATES = (
 
 @dataclass(frozen=True)
 class TokenCounter:
-    """Counts the tokens of a text; ``name`` says how (a tokenizer or the estimate)."""
+    """Counts the tokens of a text; ``name`` says how (a tokenizer or the estimate);
+    ``exact``: a tokenizer counts (else an estimate, whose cutoff keeps a margin)."""
 
     name: str
     count: Callable[[str], int]
+    exact: bool = False
 
 
 def _estimate(text: str) -> int:
@@ -108,7 +117,7 @@ def load_counter(tokenizer: str | None) -> tuple[TokenCounter, str | None]:
     def count(text: str) -> int:
         return len(tok.encode(text, add_special_tokens=False))
 
-    return TokenCounter(f"tokenizer {tokenizer}", count), None
+    return TokenCounter(f"tokenizer {tokenizer}", count, exact=True), None
 
 
 def _is_wrapped(spec: Any) -> bool:
@@ -179,11 +188,22 @@ class Fit:
     counted_with: str
     lengths: tuple[int, ...]
     note: str | None = None  # why the estimate was used, or the template guessed
+    margin: float = 1.0  # a row may be this much longer than counted (1: counted exactly)
+
+    @property
+    def exact(self) -> bool:
+        return self.margin == 1.0
 
     @property
     def over(self) -> int:
-        """Rows longer than ``cutoff_len`` (the trainer cuts their end)."""
-        return sum(1 for n in self.lengths if n > self.cutoff_len)
+        """Rows that may be longer than ``cutoff_len`` (the trainer cuts their end): by
+        their count, or by their upper bound when the count is an estimate."""
+        return sum(1 for n in self.lengths if _bound(n, self.margin) > self.cutoff_len)
+
+
+def _bound(tokens: int, margin: float) -> int:
+    """The most tokens a row counted at ``tokens`` may take (``margin`` 1: exact)."""
+    return tokens if margin == 1.0 else math.ceil(tokens * margin)
 
 
 def fit(
@@ -198,7 +218,9 @@ def fit(
         template = "default"
         guess = f"no template is known for {model}: set output.template (sft.yaml says default)"
         note = f"{note}; {guess}" if note else guess
-    return Fit(model, str(template), cutoff_for(lengths), counter.name, tuple(lengths), note)
+    margin = 1.0 if counter.exact else ESTIMATE_MARGIN
+    cutoff = cutoff_for([_bound(n, margin) for n in lengths])
+    return Fit(model, str(template), cutoff, counter.name, tuple(lengths), note, margin)
 
 
 def sft_config(dataset_dir: Path, dataset: str, fit: Fit) -> dict[str, Any]:
@@ -232,15 +254,28 @@ def sft_config(dataset_dir: Path, dataset: str, fit: Fit) -> dict[str, Any]:
 
 def _header(fit: Fit, path: Path) -> list[str]:
     n = len(fit.lengths)
+    longest = max(fit.lengths, default=0)
     lines = [
         "LLaMA-Factory SFT config written by factory for this folder (docs/training.md).",
         f"Train in LLaMA-Factory's own environment: llamafactory-cli train {path}",
         f"cutoff_len {fit.cutoff_len}: the smallest multiple of {ROUND_TO} that holds at least "
-        f"{COVERAGE:.0%} of the {n:,} rows whole",
-        f"rows longer (their end would be cut): {fit.over:,}; longest row "
-        f"{max(fit.lengths, default=0):,} tokens",
-        f"tokens counted with the {fit.counted_with}",
+        f"{COVERAGE:.0%} of the {n:,} rows whole" + ("" if fit.exact else ", at their upper bound"),
     ]
+    if fit.exact:
+        lines += [
+            f"tokens counted exactly with the {fit.counted_with} (output.tokenizer)",
+            f"rows longer (their end would be cut): {fit.over:,}; longest row {longest:,} tokens",
+        ]
+    else:
+        lines += [
+            f"tokens estimated ({fit.counted_with}), not counted: JSON and ids take as few as "
+            f"{DENSEST_CHARS_PER_TOKEN:g} characters per token, so a row's upper bound is "
+            f"{fit.margin - 1:.0%} more tokens than its estimate",
+            f"rows that may be longer (their end would be cut): {fit.over:,}; longest row "
+            f"{longest:,} tokens estimated, at most {_bound(longest, fit.margin):,}",
+            "set output.tokenizer (the model's tokenizer, on disk) for an exact count and a "
+            "tighter cutoff_len",
+        ]
     if fit.note:
         lines.append(f"note: {fit.note}")
     return [f"# {line}" for line in lines]

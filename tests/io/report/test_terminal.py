@@ -42,6 +42,24 @@ def test_where_filters_on_labels_and_meta(tmp_path: Path) -> None:
     )
 
 
+def test_a_where_key_no_row_has_is_named_with_the_keys_there_are(tmp_path: Path) -> None:
+    # Issue 39: `--where outcom=refused` answered "no accepted rows where outcom=refused".
+    out = make_folder(tmp_path / "o")
+    with pytest.raises(ConfigError) as info:
+        _render(out, where=parse_where(["outcom=refused"]))
+    message = str(info.value)
+    assert message.startswith("--where outcom: no key outcom in the rows of")
+    assert "did you mean outcome?" in message and "seed_id" in message
+    with pytest.raises(ConfigError, match=r"did you mean labels\.outcome"):
+        _render(out, where=parse_where(["labels.outcom=refused"]))
+    with pytest.raises(ConfigError, match="did you mean reason"):
+        _render(out, rejects="all", where=parse_where(["reasn=unknown_tool"]))
+    # A known key with no match is still "no rows", not an error.
+    assert "no accepted rows where outcome=lost" in _render(
+        out, where=parse_where(["outcome=lost"])
+    )
+
+
 def test_rejects_show_stage_reason_and_message(tmp_path: Path) -> None:
     out = make_folder(tmp_path / "o")
     text = _render(out, rejects="unknown_tool")

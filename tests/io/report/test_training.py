@@ -15,14 +15,18 @@ from factory.io.report import write_documents
 from factory.io.report.training import (
     CHARS_PER_TOKEN,
     DEFAULT_MODEL,
+    DENSEST_CHARS_PER_TOKEN,
+    ESTIMATE_MARGIN,
     MESSAGE_OVERHEAD,
     SFT_FILE,
+    TokenCounter,
     cutoff_for,
     fit,
     guess_template,
     load_counter,
     row_tokens,
     sft_config,
+    write_sft,
 )
 from tests.helpers import lfcompat
 from tests.helpers.reportfolder import make_envsim_folder, make_folder
@@ -78,13 +82,42 @@ def test_the_template_renders_the_models_tool_format(model, thinking, template) 
 def test_the_config_holds_only_keys_llamafactory_accepts(tmp_path: Path) -> None:
     counter, _ = load_counter(None)
     f = fit([100, 200, 5000], counter, {"output": {}, "pipeline": "amplify"}, note=None)
-    assert (f.model, f.template, f.cutoff_len, f.over) == (DEFAULT_MODEL, "qwen3", 5120, 0)
+    # estimated: the cutoff holds the longest row's upper bound, 5,000 x 1.2
+    assert (f.model, f.template, f.cutoff_len, f.over) == (DEFAULT_MODEL, "qwen3", 6144, 0)
     config = sft_config(tmp_path, "factory_airline", f)
     assert set(config) <= lfcompat.argument_names()
     unknown = fit([10], counter, {"output": {"tokenizer": "/m/x"}}, note=None)
     assert unknown.template == "default" and "set output.template" in (unknown.note or "")
     chosen = fit([10], counter, {"output": {"tokenizer": "/m/x", "template": "llama3"}}, note=None)
     assert chosen.template == "llama3" and chosen.note is None
+
+
+def test_an_estimated_count_keeps_a_margin_and_the_header_says_which_count(
+    tmp_path: Path,
+) -> None:
+    # Issue 39: a row estimated at 1,255 tokens (3 characters per token) got cutoff_len
+    # 1280; JSON and ids at 2.5 characters per token make it 1,506 tokens.
+    estimate, _ = load_counter(None)
+    lengths = [900] * 50 + [1255] * 50
+    f = fit(lengths, estimate, {"output": {}}, note=None)
+    assert not estimate.exact and f.margin == pytest.approx(ESTIMATE_MARGIN)
+    assert f.cutoff_len >= math.ceil(1255 * CHARS_PER_TOKEN / DENSEST_CHARS_PER_TOKEN)
+    assert f.cutoff_len == 1536 and f.over == 0
+    exact = TokenCounter("tokenizer /m/qwen", len, exact=True)
+    g = fit(lengths, exact, {"output": {"tokenizer": "/m/qwen"}}, note=None)
+    assert g.cutoff_len == 1280 and g.margin == 1.0  # counted exactly: no margin needed
+    assert fit([1300], exact, {"output": {}}, note=None).over == 0
+    assert fit([1300], estimate, {"output": {}}, note=None).cutoff_len == 1792
+    estimated = write_sft(tmp_path / "a", "d", f).read_text()
+    head = [line for line in estimated.splitlines() if line.startswith("#")]
+    assert any(
+        "tokens estimated (estimate: 3 characters per token), not counted" in h for h in head
+    )
+    assert any("longest row 1,255 tokens estimated, at most 1,506" in h for h in head)
+    assert any("set output.tokenizer" in h for h in head)
+    counted = write_sft(tmp_path / "b", "d", g).read_text()
+    assert "# tokens counted exactly with the tokenizer /m/qwen (output.tokenizer)" in counted
+    assert "tokens estimated" not in counted
 
 
 def _local_tokenizer(folder: Path) -> Path:
