@@ -89,9 +89,14 @@ class LocalCluster:
     def address(self) -> str:
         return str(self.cluster.address)
 
-    def add_node(self, *, wait: bool = True) -> Any:
+    def add_node(self, *, wait: bool = True, resources: dict[str, float] | None = None) -> Any:
+        """One more node of ``cpus`` CPUs (and custom ``resources``, as a fake GPU)."""
         node = self.cluster.add_node(
-            num_cpus=self.cpus, node_ip_address="127.0.0.1", temp_dir=self.temp_dir, wait=wait
+            num_cpus=self.cpus,
+            node_ip_address="127.0.0.1",
+            temp_dir=self.temp_dir,
+            wait=wait,
+            resources=resources or {},
         )
         self.extra.append(node)
         return node

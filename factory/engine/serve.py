@@ -281,8 +281,9 @@ class _Replica:
     pg: Any
     actor: Any = None
     url: str = ""
-    state: str = "starting"  # starting | healthy | down | failed
+    state: str = "starting"  # placing | starting | healthy | down | failed
     restarts: int = 0
+    placing: Any = None  # a replacement actor's start call, while it waits for room
     deaths: list[str] = field(default_factory=list)
     since: float = field(default_factory=time.monotonic)
 
@@ -350,8 +351,10 @@ class ServePool:
         self._monitor.start()
         return [r.url for r in self._replicas]
 
-    def _launch(self, r: _Replica) -> None:
-        """A new actor in the replica's bundle, its engine started."""
+    def _launch(self, r: _Replica, *, wait: bool = True) -> None:
+        """A new actor in the replica's bundle, its engine started; ``wait=False``: the
+        start is looked at by later polls (``_placed``), so a replica whose node is gone
+        waits for Ray to place its bundle again without holding up the others."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         s = self._serve
@@ -371,9 +374,37 @@ class ServePool:
         r.actor = ReplicaActor.options(**options).remote(  # type: ignore[attr-defined]
             command, r.port, s.host
         )
-        info = ray.get(r.actor.start.remote(), timeout=s.startup_timeout_s)
-        r.url = f"http://{advertised_host(s.host, info['node_ip'])}:{r.port}/v1"
-        r.state, r.since = "starting", time.monotonic()
+        start = r.actor.start.remote()
+        if not wait:
+            r.placing, r.state, r.since = start, "placing", time.monotonic()
+            return
+        self._started(r, ray.get(start, timeout=s.startup_timeout_s))
+
+    def _started(self, r: _Replica, info: dict[str, Any]) -> None:
+        url = f"http://{advertised_host(self._serve.host, info['node_ip'])}:{r.port}/v1"
+        if r.url and url != r.url:
+            print(
+                f"llm.serve: replica {r.index} came back on another node, {url} (was {r.url}); "
+                "the run's workers know the old address: it serves the next run",
+                file=console(),
+            )
+        r.url = url
+        r.placing, r.state, r.since = None, "starting", time.monotonic()
+
+    def _placed(self, r: _Replica) -> None:
+        """A replacement waiting for room: started now? (Ray places a lost node's bundle
+        again once a node has the resources; until then the others serve the run.)"""
+        done, _ = ray.wait([r.placing], timeout=0)
+        if not done:
+            return
+        try:
+            info = ray.get(r.placing)
+        except ray.exceptions.RayError as exc:
+            r.placing = None
+            self._replace(r, f"replacement lost: {type(exc).__name__}", new_actor=True)
+            return
+        self._started(r, info)
+        print(f"llm.serve: replica {r.index} placed again; starting its engine", file=console())
 
     def _await_healthy(self, r: _Replica, deadline: float) -> None:
         while True:
@@ -409,9 +440,17 @@ class ServePool:
     def _check(self, r: _Replica) -> None:
         if r.state == "failed":
             return
+        if r.state == "placing":
+            self._placed(r)
+            return
+        lost = ""
         try:
             st: dict[str, Any] | None = ray.get(r.actor.status.remote(), timeout=60)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.GetTimeoutError,
+        ) as exc:
             st, lost = None, f"actor lost: {type(exc).__name__}"
         action, reason = replica_action(
             r.state, st, time.monotonic() - r.since, self._serve.startup_timeout_s
@@ -445,7 +484,7 @@ class ServePool:
             if new_actor:
                 with contextlib.suppress(Exception):
                     ray.kill(r.actor, no_restart=True)
-                self._launch(r)
+                self._launch(r, wait=False)  # its node may be gone: wait for room, unblocked
             else:
                 ray.get(r.actor.start.remote(), timeout=self._serve.startup_timeout_s)
                 r.state, r.since = "starting", time.monotonic()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from factory.engine.serve import (
 )
 from factory.errors import ConfigError
 from tests.conftest import ROOT
-from tests.helpers import free_port, listening, read_rows, stop_head
+from tests.helpers import free_port, free_port_range, listening, read_rows, stop_head
 
 # --- pure parts ---------------------------------------------------------------------------
 
@@ -201,22 +200,6 @@ def test_the_guard_passes_on_how_the_engine_ended() -> None:
 # --- the lifecycle on a Ray cluster --------------------------------------------------------
 
 
-def _free_range(n: int) -> int:
-    """The first of ``n`` consecutive free ports on 127.0.0.1."""
-    for _ in range(200):
-        first = free_port()
-        if first + n > 65535:
-            continue
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", first))
-                b.bind(("127.0.0.1", first + n - 1))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
-
-
 def _start_head(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.Popen[bytes], dict[str, str], int, Path]:
@@ -224,7 +207,7 @@ def _start_head(
     tmp_ray = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     home = tmp_path_factory.mktemp("home")
     gcs = free_port()
-    workers = _free_range(40)
+    workers = free_port_range(40)
     ports = {
         "--port": gcs,
         "--dashboard-agent-listen-port": free_port(),
@@ -393,7 +376,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     """Two replicas start, serve the run, one is SIGKILLed mid-run: the run finishes on
     the other, the killed one comes back on its URL, and after the run nothing is left
     (no engine, no reserved fake GPU)."""
-    first = _free_range(2)
+    first = free_port_range(2)
     out = tmp_path / "out"
     proc = _driver(out, first, cluster, target=100)
     try:
@@ -440,7 +423,7 @@ def test_a_sigkilled_driver_leaves_no_replica_behind(
     """``kill -9`` of the driver (the OOM killer, a lost submitter): the cluster lives on,
     and Ray's owner clean-up, the actors' driver watch and the guard must still end every
     engine and free its resources."""
-    first = _free_range(2)
+    first = free_port_range(2)
     out = tmp_path / "out"
     proc = _driver(out, first, cluster, target=400)
     try:

@@ -516,3 +516,19 @@ def drive_calls(
     finally:
         pool.close()
     return rows
+
+
+def free_port_range(n: int) -> int:
+    """The first of ``n`` consecutive free ports on 127.0.0.1."""
+    for _ in range(200):
+        first = free_port()
+        if first + n > 65535:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", first))
+                b.bind(("127.0.0.1", first + n - 1))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
