@@ -87,9 +87,10 @@ class Prior:
 
 
 def prior_run(
-    out_dir: Path, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
+    out_dir: Path | str, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
 ) -> Prior:
-    """Read ``OUT/manifest.json`` and ``OUT/run.json`` of an earlier run, if any.
+    """Read ``OUT/manifest.json`` and ``OUT/run.json`` of an earlier run, if any (from the
+    store when ``out_dir`` is an ``s3://`` URI).
 
     ``cost_usd``: what the folder's output cost so far; those calls are answered from
     the response cache again (0 when the cache is off or dropped). ``finished``: the
@@ -98,6 +99,10 @@ def prior_run(
     """
 
     def read(name: str) -> dict[str, Any]:
+        if isinstance(out_dir, str):
+            from factory.io.mirror import read_remote_json
+
+            return read_remote_json(out_dir, name)
         try:
             value = json.loads((out_dir / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
