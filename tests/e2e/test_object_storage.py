@@ -18,6 +18,7 @@ per promise:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ import pytest
 from factory.io.lease import LEASE_FILE, is_expired
 from factory.io.objectstore import S3Store
 from tests.conftest import ROOT
+from tests.e2e.test_output_folder import paused
 from tests.helpers import cli_args, dev_overrides, s3
 
 pytestmark = pytest.mark.ray
@@ -131,6 +133,10 @@ def test_a_run_writes_its_dataset_to_the_store_and_commands_read_it_there(
     assert server.stats()["requests"] == calls, "a rebuild from the cache pays nothing"
 
 
+# Few slots, slow answers: the run is mid-flight for seconds (shards of 15 rows: several).
+SLOW = ("llm.concurrency=4", "llm.per_actor_concurrency=2", "output.shard_rows=15")
+
+
 def _wait(condition, what: str, deadline_s: float = 600) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + deadline_s
     while not condition():
@@ -141,47 +147,46 @@ def _wait(condition, what: str, deadline_s: float = 600) -> None:  # type: ignor
 @pytest.mark.timeout(1800)
 def test_a_lost_head_is_resumed_from_another_head_byte_identical(devserver, tmp_path: Path) -> None:
     # The uninterrupted run, into a local folder.
-    ref_server = devserver(seed=22, latency_ms=150)
+    ref_server = devserver(seed=22, latency_ms=300)
     ref = tmp_path / "ref"
-    overrides = [*dev_overrides(ref_server.url, target=60), "output.shard_rows=15"]
+    overrides = [*dev_overrides(ref_server.url, target=60), *SLOW]
     done = subprocess.run(
         cli_args(ref, *overrides), env=_env(tmp_path, "r"), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
-    server = devserver(seed=22, latency_ms=150)
+    server = devserver(seed=22, latency_ms=300)
     bucket = s3.new_bucket()
     out = f"s3://{bucket}/runs/k"
     store = S3Store(out, s3.client())
-    overrides = [*dev_overrides(server.url, target=60), "output.shard_rows=15"]
+    overrides = [*dev_overrides(server.url, target=60), *SLOW]
     args = cli_args(out, *overrides, "output.lease_ttl_s=3")  # type: ignore[arg-type]
     env_a = _env(tmp_path, "a")
-    head_a = subprocess.Popen(
-        args,
-        env=env_a,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with (tmp_path / "head-a.err").open("w") as err_a:
+        head_a = subprocess.Popen(
+            args, env=env_a, stdout=subprocess.DEVNULL, stderr=err_a, start_new_session=True
+        )
     try:
         # Lost once the cache on the store holds answers: paid work to keep.
         _wait(
-            lambda: (
-                head_a.poll() is not None or sum(r.startswith("cache/") for r in store.list()) >= 2
-            ),
+            lambda: head_a.poll() is not None or any(r.startswith("cache/") for r in store.list()),
             "answers in the cache on the store",
         )
-        assert head_a.poll() is None, "the run ended before its head could be lost"
-        # A second run on the same prefix is refused while the first lives.
-        second = subprocess.run(
-            args, env=_env(tmp_path, "2"), capture_output=True, text=True, timeout=300
-        )
-        assert second.returncode == 6, second.stderr[-2000:]
-        assert "in use by another run" in second.stderr
-        assert f"pid {head_a.pid}" in second.stderr
-        tree = psutil.Process(head_a.pid).children(recursive=True)  # its Ray head, workers
+        with paused(server):  # the run stays mid-flight however long this takes
+            err = (tmp_path / "head-a.err").read_text()[-2000:]
+            assert head_a.poll() is None, f"the run ended before its head was lost: {err}"
+            # A second run on the same prefix is refused while the first lives.
+            second = subprocess.run(
+                args, env=_env(tmp_path, "2"), capture_output=True, text=True, timeout=300
+            )
+            assert second.returncode == 6, second.stderr[-2000:]
+            assert "in use by another run" in second.stderr
+            assert f"pid {head_a.pid}" in second.stderr
+            tree = psutil.Process(head_a.pid).children(recursive=True)  # its Ray head, workers
+            os.killpg(head_a.pid, signal.SIGKILL)  # the head is lost: driver and Ray at once
     finally:
-        os.killpg(head_a.pid, signal.SIGKILL)  # the head is lost: driver and Ray at once
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head_a.pid, signal.SIGKILL)
         head_a.wait()
     _, alive = psutil.wait_procs(tree, timeout=90)
     assert not alive, f"processes of the lost head outlived it: {alive}"
