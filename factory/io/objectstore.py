@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from factory.errors import ConfigError, FactoryError, OutputWriteError, short
-from factory.secrets import register_secret
+from factory.secrets import install_log_redaction, register_secret
 
 __all__ = [
     "CREDENTIAL_VARS",
@@ -106,8 +106,11 @@ class Blob:
 
 
 def _register_credentials() -> None:
+    """Mask the credentials in this process's logs, as ``api_key_from_env`` does for keys:
+    botocore's debug records quote the access key id in each request's headers."""
     for var in CREDENTIAL_VARS:
         register_secret(os.environ.get(var))
+    install_log_redaction()
 
 
 _CLIENT_LOCK = threading.Lock()
