@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
 from factory.engine.console import (
+    LOG_FILE,
     Bars,
     console,
     end_own_ray,
@@ -276,7 +277,8 @@ def _run_locked(
         result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
         return result
     with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
-        print(f"log (Ray's messages, retries): {log}", file=console())
+        kept = f" (kept at {mirror.uri}/{LOG_FILE.as_posix()} at the end)" if mirror else ""
+        print(f"log (Ray's messages, retries): {log}{kept}", file=console())
         _say_prompt_changes(cfg, out_dir)
         if cfg.parts is not None:
             from factory.engine.jobs.mix import run_mix
