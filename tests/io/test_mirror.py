@@ -167,3 +167,23 @@ def test_seeds_are_read_streamed_from_a_store_by_file_folder_and_glob(tmp_path: 
     assert len(list(iter_records(f"{base}/b/two.parquet"))) == 3
     with pytest.raises(ConfigError, match="does not exist"):
         resolve_paths(f"{base}/missing.jsonl")
+
+
+def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path: Path) -> None:
+    from factory.errors import OutputLocked
+    from factory.io.lease import Lease
+
+    uri = f"s3://{s3.new_bucket()}/runs/l"
+    store = S3Store(uri, s3.client())
+    lease = Lease(store, ttl_s=30)
+    lease.acquire()
+    mirror = Mirror(store, tmp_path / "m", lease)
+    mirror.pull()
+    (mirror.local / "run.json").write_text("{}")
+    mirror.sync()
+    store.put(".lease", b"another run took it")  # its next renewal finds another version
+    assert lease.renew() is False
+    (mirror.local / "report.html").write_text("late")
+    with pytest.raises(OutputLocked, match="taken by another run"):
+        mirror.sync()
+    assert "report.html" not in store.list()
