@@ -45,11 +45,23 @@ pytestmark = pytest.mark.ray
 s3.use_s3()
 
 
+_RAY_DIRS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_ray_dirs():  # type: ignore[no-untyped-def]
+    """The heads' Ray temp dirs (short paths under /tmp) go when the test ends."""
+    yield
+    while _RAY_DIRS:
+        shutil.rmtree(_RAY_DIRS.pop(), ignore_errors=True)
+
+
 def _env(tmp: Path, head: str) -> dict[str, str]:
     """A head of its own: its Ray temp dir and its working folder for remote outputs."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RAY_ADDRESS")}
     env.update(s3.ENV)
     env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"o{head}", dir="/tmp")
+    _RAY_DIRS.append(env["RAY_TMPDIR"])
     env["FACTORY_MIRROR_DIR"] = str(tmp / f"work-{head}")
     return env
 
