@@ -11,12 +11,13 @@ module runs, so both spellings are one command. ``inspect``, ``report`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, FactoryError
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show rows of an output folder as conversations (accepted rows by "
         "default; --rejects REASON shows rejected and failed rows).",
     )  # fmt: skip
-    insp.add_argument("out", metavar="OUT", help="a run's output folder")
+    insp.add_argument("out", metavar="OUT", help="a run's output folder (or s3:// URI)")
     insp.add_argument("--n", type=int, default=5, help="rows to show (default 5)")
     insp.add_argument(
         "--where", action="append", default=[], metavar="KEY=VALUE",
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "LLaMA-Factory training config (OUT/llamafactory/sft.yaml) and the Hugging Face "
         "dataset card (OUT/README.md); a run writes them when it ends.",
     )  # fmt: skip
-    rep.add_argument("out", metavar="OUT", help="a run's output folder")
+    rep.add_argument("out", metavar="OUT", help="a run's output folder (or s3:// URI)")
     rep.add_argument(
         "--license",
         help="the card's license id, kept for later cards of this folder (default: the one "
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are checked before anything is sent; a Hub or network failure is one line and "
         "exit code 8.",
     )  # fmt: skip
-    push.add_argument("out", metavar="OUT", help="a finished run's output folder")
+    push.add_argument("out", metavar="OUT", help="a finished run's output folder (or s3:// URI)")
     push.add_argument("repo_id", metavar="REPO_ID", help="OWNER/NAME on the Hub")
     push.add_argument("--private", action="store_true", help="create the repository private")
     push.add_argument("--license", help="rewrite the card with this license id first")
@@ -134,31 +135,52 @@ def _delegate(name: str, argv: list[str]) -> int:
     return int(code or 0)
 
 
+@contextlib.contextmanager
+def _folder(out: str, *, write_back: bool = False) -> Iterator[str]:
+    """``OUT`` as a local folder: itself, or a copy of an ``s3://`` output
+    (``factory.io.mirror.reading_remote``; ``write_back`` uploads what the command wrote)."""
+    from factory.io.objectstore import is_uri, output_location
+
+    if not is_uri(out):
+        yield out
+        return
+    from factory.io.mirror import reading_remote
+
+    uri = output_location(out)
+    assert isinstance(uri, str)
+    with reading_remote(uri, write_back=write_back) as local:
+        yield str(local)
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from factory.io.report.folder import OutputFolder, parse_where
     from factory.io.report.terminal import inspect_folder
 
-    folder = OutputFolder(args.out)
-    inspect_folder(folder, Console(), n=args.n, where=parse_where(args.where), rejects=args.rejects)
+    where = parse_where(args.where)
+    with _folder(args.out) as out:
+        folder = OutputFolder(out)
+        inspect_folder(folder, Console(), n=args.n, where=where, rejects=args.rejects)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from factory.io.report import write_documents
 
-    for path in write_documents(args.out, license_id=args.license):
-        print(path)
+    with _folder(args.out, write_back=True) as out:
+        for path in write_documents(out, license_id=args.license):
+            print(path.replace(out, args.out.rstrip("/"), 1))
     return 0
 
 
 def _push(args: argparse.Namespace) -> int:
     from factory.io.report.hub import push, push_warnings
 
-    for line in push_warnings(args.out, args.license):
-        print(f"warning: {line}", file=sys.stderr)
-    commit = push(args.out, args.repo_id, private=args.private, license_id=args.license)
+    with _folder(args.out) as out:
+        for line in push_warnings(out, args.license):
+            print(f"warning: {line}", file=sys.stderr)
+        commit = push(out, args.repo_id, private=args.private, license_id=args.license)
     print(f"pushed {args.out} to https://huggingface.co/datasets/{args.repo_id}: {commit}")
     return 0
 

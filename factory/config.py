@@ -100,7 +100,9 @@ class SeedsConfig(_Strict):
     """Where the seed trajectories are read from (curate and amplify recipes)."""
 
     path: str | list[str] | None = Field(
-        None, description="File, folder or glob (or a list of them) of seed trajectories."
+        None,
+        description="File, folder or glob (or a list of them) of seed trajectories; a "
+        "pyarrow filesystem URI (s3://bucket/seeds/, a glob under it) is read streamed.",
     )
     hf_dataset: str | None = Field(
         None, description="Hugging Face dataset id or local dataset folder (instead of path)."
@@ -398,7 +400,15 @@ class OutputConfig(_Strict):
     dir: str = Field(
         "out",
         description="Output folder, relative to the working directory the run starts in "
-        "(not to the recipe); overridden by --output.",
+        "(not to the recipe), or s3://BUCKET/PREFIX on any S3-compatible store "
+        "(docs/cluster.md); overridden by --output.",
+    )
+    lease_ttl_s: float = Field(
+        60.0,
+        ge=1,
+        description="s3:// output only: how long the output stays held after its run's last "
+        "lease renewal (renewed every third of it): a run whose head died frees the output "
+        "this long after.",
     )
     dataset_name: str = Field(description="Key of the dataset_info.json entry.")
     shard_rows: int = Field(5000, ge=1, description="Rows per Parquet shard at most.")
@@ -586,7 +596,8 @@ class CacheConfig(_Strict):
     path: str | None = Field(
         None,
         description="Cache location: a folder (relative to the working directory) or a pyarrow "
-        "filesystem URI (s3://...) shared by all nodes; default OUTPUT/cache.",
+        "filesystem URI (s3://...) shared by all nodes; default OUTPUT/cache (on the store "
+        "itself when the output is s3://).",
     )
 
 

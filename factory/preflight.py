@@ -109,18 +109,24 @@ class Prior:
         return sum(usd for _, usd in self.cached.values())
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(out_dir: Path | str, name: str) -> dict[str, Any]:
+    """``OUT/name`` as a JSON object, from the store when ``out_dir`` is a URI ({} if none)."""
+    if isinstance(out_dir, str):
+        from factory.io.mirror import read_remote_json
+
+        return read_remote_json(out_dir, name)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads((out_dir / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
 
 
 def prior_run(
-    out_dir: Path, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
+    out_dir: Path | str, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
 ) -> Prior:
-    """Read ``OUT/run.json`` and the response cache of an earlier run, if any.
+    """Read ``OUT/run.json`` and the response cache of an earlier run, if any (``run.json``
+    from the store when ``out_dir`` is an ``s3://`` URI).
 
     Why the cache and not the manifest: an interrupted run leaves no manifest (each run
     writes it at its end), and its answers are paid all the same (issue 39: a gpt-5 run
@@ -133,14 +139,16 @@ def prior_run(
     from factory.engine.settings import llm_stages
     from factory.io.runstate import CACHE_DIR, changed_prompts
 
-    state = {} if fresh else _read_json(out_dir / "run.json")
+    state = {} if fresh else _read_json(out_dir, "run.json")
     before = ((state.get("recipe") or {}).get("amplify") or {}).get("target")
     now = cfg.amplify.target if cfg.amplify else None
     status = state.get("status")
     finished = not retry_failed and status == "done" and before == now
-    location = cfg.cache.path or str(out_dir / CACHE_DIR)
+    location = cfg.cache.path or f"{str(out_dir).rstrip('/')}/{CACHE_DIR}"
     cached: dict[str, tuple[int, float]] = {}
-    if cfg.cache.enabled and not drop_cache and "://" not in location and Path(location).is_dir():
+    local = isinstance(out_dir, Path) and "://" not in location and Path(location).is_dir()
+    if cfg.cache.enabled and not drop_cache and local:
+        assert isinstance(out_dir, Path)
         stale = set(changed_prompts(out_dir, prompt_fingerprints(cfg)))
         stages = [s for s in llm_stages(cfg) if s not in stale]  # ids start with "<stage>-"
         cached = _cache_spend(location, stages)
@@ -174,13 +182,13 @@ def _resumes(state: Mapping[str, Any], target: int | None, retry_failed: bool) -
     return None
 
 
-def measured(out_dir: Path, cfg: RecipeConfig) -> tuple[int, int] | None:
+def measured(out_dir: Path | str, cfg: RecipeConfig) -> tuple[int, int] | None:
     """``(rows, calls)`` of the folder's last run that ended (``run.json`` totals: rows
     accepted or surplus, calls used), for the plan's yield; None for a new folder, an
     interrupted run (it wrote no totals) or a mixed recipe (its parts differ)."""
     if cfg.parts is not None or cfg.pipeline != "amplify":
         return None
-    totals = _read_json(out_dir / "run.json").get("totals") or {}
+    totals = _read_json(out_dir, "run.json").get("totals") or {}
     try:
         rows = int(totals.get("accepted") or 0) + int(totals.get("surplus") or 0)
         calls = int(totals.get("total") or 0)

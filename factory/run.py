@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
             text = plan.render(show_prompts=args.show_prompts)
             print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
             return 0
-        out_dir = Path(args.output or cfg.output.dir).resolve()
+        from factory.io.objectstore import output_location
+
+        out_dir = output_location(args.output or cfg.output.dir)  # a folder, or s3://...
         if not _preflight(cfg, out_dir, args, devserver=server is not None):
             return EXIT_INCOMPLETE
         from factory.engine.runner import run
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
         interrupts.restore(handlers)
 
 
-def _preflight(cfg: Any, out_dir: Path, args: argparse.Namespace, *, devserver: bool) -> bool:
+def _preflight(cfg: Any, out_dir: Path | str, args: argparse.Namespace, *, devserver: bool) -> bool:
     """Before Ray: keys and endpoints checked, the plan printed, and on a terminal a costly
     run confirmed (``factory.preflight``). False: the person declined; nothing started.
 

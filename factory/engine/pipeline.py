@@ -14,7 +14,6 @@ seed file is read a record at a time, never held whole) and collects.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from factory.config import RecipeConfig
@@ -22,6 +21,7 @@ from factory.engine.stages.export import ExportStage
 from factory.engine.stages.seeds import SeedCheckStage, raw_record_rows
 from factory.envs.pack import load_domain
 from factory.errors import ConfigError, SeedFormatError
+from factory.io.objectstore import is_uri
 from factory.io.readers import iter_hf_records, iter_records, resolve_paths, unusable_reason
 
 __all__ = [
@@ -42,7 +42,8 @@ def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
     assert cfg.seeds is not None  # curate / amplify recipes always have seeds (config check)
     specs = cfg.seeds.path if isinstance(cfg.seeds.path, list) else [cfg.seeds.path]
     try:
-        files = resolve_paths([str(cfg.resolve(s)) for s in specs if s is not None])
+        # A URI (s3://...) is read where it is; a path is relative to the recipe.
+        files = resolve_paths([s if is_uri(s) else str(cfg.resolve(s)) for s in specs if s])
     except ConfigError as exc:
         raise ConfigError(str(exc).split(": ", 1)[-1], key_path="seeds.path") from exc
     return sorted(dict.fromkeys(str(f) for f in files))
@@ -65,7 +66,7 @@ def check_seed_files(cfg: RecipeConfig) -> list[str]:
         return []
     paths = expand_seed_paths(cfg)
     for path in paths:
-        why = unusable_reason(Path(path))
+        why = unusable_reason(path)
         if why is not None:
             raise SeedFormatError(
                 "unreadable_file", f"seeds.path: {path}: {why}; no seed can be read from it"

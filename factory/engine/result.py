@@ -45,7 +45,7 @@ CAPS = ("max_calls", "max_cost_usd", "max_tokens")
 
 @dataclass
 class RunResult:
-    out_dir: Path
+    out_dir: Path | str  # a folder, or the s3:// URI of a remote output
     totals: dict[str, int]
     manifest: dict[str, Any]
     # Why the run ended short of its target: a cap (``max_cost_usd`` ...), ``no_progress``

@@ -10,15 +10,17 @@ for ``amplify``; step samples for ``envsim``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
 from factory.engine.console import (
+    LOG_FILE,
     Bars,
     console,
     end_own_ray,
@@ -37,6 +39,9 @@ from factory.engine.settings import per_actor_concurrency
 from factory.engine.watchdog import Lifeline
 from factory.errors import OutputWriteError
 from factory.io.writer import atomic_write_text, prepare_conversion
+
+if TYPE_CHECKING:
+    from factory.io.mirror import Mirror
 
 __all__ = ["RunResult", "run", "run_job"]
 
@@ -172,7 +177,7 @@ def _final_wall_time(out_dir: Path, result: RunResult) -> None:
 
 def run(
     cfg: RecipeConfig,
-    out_dir: Path,
+    out_dir: Path | str,
     *,
     progress: bool = True,
     fresh: bool = False,
@@ -182,7 +187,10 @@ def run(
     started: tuple[float, str] | None = None,
 ) -> RunResult:
     """Run ``cfg`` writing into ``out_dir``: a new run, or the resumption of the run the
-    folder holds (see ``factory.io.runstate``).
+    folder holds (see ``factory.io.runstate``). ``out_dir`` may be ``s3://bucket/prefix``:
+    the run then holds the prefix's lease and works in a local copy mirrored to it
+    (``factory.io.mirror``), with the response cache on the store (``<prefix>/cache``
+    unless ``cache.path`` names another).
 
     ``started``: ``(epoch seconds, what it is)`` the wall time counts from; default
     this call. The CLI passes its process start, so the printed wall time, the
@@ -195,24 +203,46 @@ def run(
     """
     from factory.engine.budget import check_cost_cap_priced
     from factory.engine.pipeline import check_seed_files
+    from factory.io.mirror import hold_remote, mirror_dir
+    from factory.io.objectstore import output_location
     from factory.io.runstate import hold_output
 
     if started is None:
         start_run_clock()
     else:
         start_run_clock(started[0], label=started[1])
+    target = output_location(str(out_dir))
+    local = mirror_dir(target) if isinstance(target, str) else target
+    if isinstance(target, str) and cfg.cache.enabled and not cfg.cache.path:
+        cfg.cache.path = f"{target}/cache"  # on the store: a new head pays nothing twice
     if cfg.parts is not None:  # a mixed recipe: every part's seeds
         from factory.engine.jobs.mix import part_recipe
 
         for i in range(len(cfg.parts)):
-            check_seed_files(part_recipe(cfg, i, Path(out_dir).resolve()))
+            check_seed_files(part_recipe(cfg, i, local))
     elif cfg.pipeline != "envsim":
         check_seed_files(cfg)  # before the folder or Ray: unusable seeds stop the run here
-    out_dir = Path(out_dir).resolve()
-    cfg.output.dir = str(out_dir)  # actors find the output (and its cache) through the recipe
+    cfg.output.dir = str(local)  # actors find the output (and its cache) through the recipe
     check_cost_cap_priced(cfg)  # before the folder is touched
-    with hold_output(out_dir):
-        return _run_locked(cfg, out_dir, progress, fresh, retry_failed, drop_cache, other_cache)
+    if not isinstance(target, str):
+        with hold_output(local):
+            return _run_locked(cfg, local, progress, fresh, retry_failed, drop_cache, other_cache)
+    ttl = cfg.output.lease_ttl_s
+    with hold_remote(target, ttl_s=ttl, say=lambda line: print(line, file=console())) as mirror:
+        if fresh and drop_cache and cfg.cache.path == f"{target}/cache":
+            dropped = mirror.store.delete_under("cache")
+            print(f"--drop-cache: deleted {target}/cache ({dropped} objects)", file=console())
+        result = _run_locked(
+            cfg, local, progress, fresh, retry_failed, drop_cache, other_cache, mirror=mirror
+        )
+    # What the run says names the output, not this head's working copy of it.
+    result.out_dir = target
+    for key in ("report", "stop_message"):
+        if isinstance(result.extra.get(key), str):
+            result.extra[key] = result.extra[key].replace(str(local), target)
+    if result.error:
+        result.error = result.error.replace(str(local), target)
+    return result
 
 
 def _run_locked(
@@ -223,17 +253,24 @@ def _run_locked(
     retry_failed: bool,
     drop_cache: bool,
     other_cache: bool = False,
+    *,
+    mirror: Mirror | None = None,
 ) -> RunResult:
     from factory.io.runstate import finish_run, prepare_output
 
-    mode = prepare_output(
-        cfg,
-        out_dir,
-        fresh=fresh,
-        retry_failed=retry_failed,
-        drop_cache=drop_cache,
-        other_cache=other_cache,
-    )
+    # A remote output's uploads wait while the folder is prepared (its files are deleted
+    # in an order only the end makes consistent), then the store follows at once.
+    with mirror.paused() if mirror is not None else contextlib.nullcontext():
+        mode = prepare_output(
+            cfg,
+            out_dir,
+            fresh=fresh,
+            retry_failed=retry_failed,
+            drop_cache=drop_cache,
+            other_cache=other_cache,
+        )
+    if mirror is not None:
+        mirror.sync()
     if mode == "rebuild":
         print(
             f"{out_dir} was damaged (the warning above names the file); writing it again "
@@ -246,7 +283,8 @@ def _run_locked(
         result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
         return result
     with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
-        print(f"log (Ray's messages, retries): {log}", file=console())
+        kept = f" (kept at {mirror.uri}/{LOG_FILE.as_posix()} at the end)" if mirror else ""
+        print(f"log (Ray's messages, retries): {log}{kept}", file=console())
         _say_prompt_changes(cfg, out_dir)
         if cfg.parts is not None:
             from factory.engine.jobs.mix import run_mix

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 from factory.core.formats import LIST_KEYS, MAX_RECORD_BYTES, MAX_RECORD_DEPTH, parse_record
 from factory.core.trajectory import Trajectory
 from factory.errors import ConfigError, SeedError, SeedFormatError, short
+from factory.io.objectstore import is_uri
 
 __all__ = [
     "PARQUET_BATCH_ROWS",
@@ -304,8 +306,104 @@ def records_from_bytes(
 # --- files, directories, globs -----------------------------------------------------------
 
 
-def resolve_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Files named by a path, a directory (recursively), a glob, or a list of those.
+# A seed file: a local path, or a ``pyarrow.fs`` URI (``s3://bucket/seeds/a.jsonl``) kept as
+# text, since ``Path`` would fold its ``//``. A URI is read through pyarrow.fs, streamed
+# (1 MiB buffered ranges), so a seed set on a store never has to fit on the driver's disk.
+Source = Path | str
+
+
+def _source(spec: str | Path) -> Source:
+    """``spec`` as a ``Source``: a URI stays text, anything else becomes a ``Path``."""
+    text = str(spec)
+    if isinstance(spec, str) and is_uri(text):
+        return text
+    if text.startswith("file://"):
+        return Path(urlsplit(text).path)
+    return Path(spec)
+
+
+def _arrow(uri: str) -> tuple[Any, str]:
+    """The filesystem and path of a URI.
+
+    Raises:
+        ConfigError: pyarrow cannot open it (key path ``seeds.path``).
+    """
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as exc:  # ArrowInvalid, OSError, ValueError ...
+        raise ConfigError(
+            f"cannot open seed location {short(uri, 120)}: {short(str(exc), 160)}",
+            key_path="seeds.path",
+        ) from exc
+
+
+def _uri_of(uri: str, path: str) -> str:
+    """The URI of ``path`` on the filesystem of ``uri`` (its scheme; the bucket is in
+    the path pyarrow gives for object stores)."""
+    scheme = uri.split("://", 1)[0]
+    query = urlsplit(uri).query
+    return f"{scheme}://{path.lstrip('/')}" + (f"?{query}" if query else "")
+
+
+def _name(source: Source) -> str:
+    return source.name if isinstance(source, Path) else Path(urlsplit(source).path).name
+
+
+def _open(source: Source) -> IO[bytes]:
+    """A binary stream over the file (a seekable, buffered reader for a URI)."""
+    if isinstance(source, Path):
+        return source.open("rb")
+    fs, path = _arrow(source)
+    return io.BufferedReader(fs.open_input_file(path), 1 << 20)
+
+
+def _size(source: Source) -> int:
+    if isinstance(source, Path):
+        return source.stat().st_size
+    fs, path = _arrow(source)
+    return int(fs.get_file_info(path).size or 0)
+
+
+def _resolve_uri(spec: str) -> list[Source]:
+    """``resolve_paths`` for a URI: a file, a folder (recursively) or a glob (``*``, ``?``,
+    ``[...]``, ``**``) matched against the paths listed below its fixed part."""
+    import fnmatch
+
+    import pyarrow.fs as pafs
+
+    fs, path = _arrow(spec)
+    if not _GLOB_CHARS & set(path):
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return [spec]
+        if info.type != pafs.FileType.Directory:
+            raise ConfigError(f"seed path {short(spec, 200)!r} does not exist", key_path="seeds")
+        base, pattern = path, None
+    else:
+        fixed = re.split(r"[*?\[]", path, maxsplit=1)[0]
+        base, pattern = fixed.rsplit("/", 1)[0] if "/" in fixed else fixed, path
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    found = sorted(
+        i.path
+        for i in infos
+        if i.type == pafs.FileType.File
+        and not i.base_name.startswith(".")
+        and (
+            fnmatch.fnmatchcase(i.path, pattern)
+            if pattern
+            else i.extension and f".{i.extension.lower()}" in SUPPORTED_EXTENSIONS
+        )
+    )
+    if not found:
+        raise ConfigError(f"no seed files match {short(spec, 200)!r}", key_path="seeds")
+    return [_uri_of(spec, p) for p in found]
+
+
+def resolve_paths(spec: str | Path | Iterable[str | Path]) -> list[Source]:
+    """Files named by a path, a directory (recursively), a glob, or a list of those; any
+    of them may be a ``pyarrow.fs`` URI (returned as text).
 
     Directory and glob results are sorted so runs are deterministic; directories
     contribute only files with a supported extension.
@@ -315,7 +413,10 @@ def resolve_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
     """
     if not isinstance(spec, (str, Path)):
         return [path for item in spec for path in resolve_paths(item)]
-    path = Path(spec)
+    source = _source(spec)
+    if isinstance(source, str):
+        return _resolve_uri(source)
+    path = source
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -332,25 +433,28 @@ def resolve_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
         raise ConfigError(f"seed path {short(str(spec), 200)!r} does not exist", key_path="seeds")
     if not found:
         raise ConfigError(f"no seed files match {short(str(spec), 200)!r}", key_path="seeds")
-    return found
+    return list(found)
 
 
-def _file_records(path: Path, max_bytes: int) -> Iterator[RawRecord]:
+def _file_records(path: Source, max_bytes: int) -> Iterator[RawRecord]:
     source = str(path)
-    ext = _extension(source)
+    ext = _extension(_name(path))
     try:
         if ext in JSONL_EXTENSIONS:
-            with path.open("rb") as stream:
+            with _open(path) as stream:
                 yield from _jsonl_records(source, stream, max_bytes)
         elif ext == ".parquet":
-            yield from _parquet_records(source, lambda: source)
+            local = isinstance(path, Path)
+            yield from _parquet_records(source, lambda: source if local else _open(path))
         else:
-            yield from records_from_bytes(source, path.read_bytes(), max_bytes=max_bytes)
+            with _open(path) as stream:
+                data = stream.read()
+            yield from records_from_bytes(source, data, max_bytes=max_bytes)
     except OSError as exc:
         yield _error(source, 0, "unreadable_file", f"cannot read: {short(str(exc), 120)}", b"")
 
 
-def unusable_reason(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> str | None:
+def unusable_reason(path: Path | str, *, max_bytes: int = MAX_RECORD_BYTES) -> str | None:
     """Why the seed file ``path`` holds nothing usable at its start; None when it does.
 
     Cheap, so it runs before Ray starts: the extension, the first 64 KiB (text or
@@ -358,10 +462,11 @@ def unusable_reason(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> str | N
     trajectory in a known format (rule checks come later, per record). A ``.json``
     larger than ``JSON_PARSE_LIMIT`` is only sniffed. Never raises for bad content.
     """
-    ext = _extension(path.name)
+    path = _source(path)
+    ext = _extension(_name(path))
     try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
+        size = _size(path)
+        with _open(path) as fh:
             head = fh.read(SNIFF_BYTES)
     except OSError as exc:
         return f"cannot read it: {exc.strerror or exc}"
@@ -435,7 +540,7 @@ def iter_hf_records(name_or_path: str, split: str = "train") -> Iterator[RawReco
     try:
         if path.exists():
             files = resolve_paths(path)
-            kinds = {"parquet" if f.suffix.lower() == ".parquet" else "json" for f in files}
+            kinds = {"parquet" if _extension(_name(f)) == ".parquet" else "json" for f in files}
             if len(kinds) != 1:
                 raise ConfigError(f"{name_or_path}: mixes Parquet and JSON files", key_path="seeds")
             data_files = {split: [str(f) for f in files]}

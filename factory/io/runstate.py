@@ -100,6 +100,7 @@ GENERATED = (
 # (raise a cap, use other servers, tune concurrency).
 RESUMABLE = (
     "output.dir",
+    "output.lease_ttl_s",
     "amplify.max_cost_usd",
     "amplify.max_tokens",
     "amplify.max_calls",
@@ -343,7 +344,8 @@ def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
         return
     else:
         try:
-            if Path(location).exists() and cache_identity(location) == before["id"]:
+            there = "://" in location or Path(location).exists()  # a URI is its identity
+            if there and cache_identity(location) == before["id"]:
                 return
         except OSError:
             pass
@@ -650,7 +652,11 @@ def save_unstored(
     name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
     errors = []
     places = [out_dir]
-    if cache_dir is not None and Path(cache_dir).resolve() != (out_dir / CACHE_DIR).resolve():
+    if (
+        cache_dir is not None
+        and "://" not in str(cache_dir)  # a cache on a store: its folder is not a local one
+        and Path(cache_dir).resolve() != (out_dir / CACHE_DIR).resolve()
+    ):
         places.append(Path(cache_dir))
     for base in places:
         folder = base / UNSTORED_DIR
@@ -679,7 +685,9 @@ def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
     if not cfg.cache.enabled:
         return 0
     location = cfg.cache.path or str(out_dir / CACHE_DIR)
-    folders = [out_dir / UNSTORED_DIR, Path(location) / UNSTORED_DIR]
+    folders = [out_dir / UNSTORED_DIR]
+    if "://" not in location:  # a local cache elsewhere keeps what the output could not
+        folders.append(Path(location) / UNSTORED_DIR)
     files = sorted(f for d in dict.fromkeys(folders) if d.is_dir() for f in d.glob("*.jsonl"))
     if not files:
         return 0

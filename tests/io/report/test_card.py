@@ -146,6 +146,35 @@ def test_push_through_the_command_stops_where_the_network_would_start(
     assert "me/airline" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # seconds of CPU or waiting: the full suite runs it, not the fast loop
+def test_push_reads_an_output_on_object_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    from factory.io.objectstore import S3Store
+    from tests.helpers import s3
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    out = make_folder(tmp_path / "o")
+    uri = f"s3://{s3.new_bucket()}/runs/o"
+    store = S3Store(uri, s3.client())
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        store.upload(path.relative_to(out).as_posix(), path)
+    sent: list[set[str]] = []
+
+    def upload_folder(*args: Any, **kw: Any) -> str:  # what the Hub would receive
+        folder = Path(kw["folder_path"])
+        sent.append({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()})
+        return "commit-1"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", FakeApi().create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    assert main(["push", uri, "me/airline"]) == 0
+    assert sent and {"manifest.json", "data/part-00000.parquet", "README.md"} <= sent[0]
+
+
 def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) -> None:
     out = make_folder(tmp_path / "o")
     (out / "data" / "part-00000.parquet").unlink()
