@@ -257,7 +257,7 @@ def plan_lines(
     *,
     devserver: bool = False,
     left: tuple[int, float | None] | None = None,
-    out_dir: Path | None = None,
+    out_dir: Path | str | None = None,
 ) -> list[str]:
     """What a run prints under the plan's table before its first call. ``left``: the
     calls and cost left to pay (``left_to_pay``), shown when the cache holds answers."""

@@ -140,11 +140,11 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
 
             from factory.preflight import measured
 
-            out_dir = Path(args.output or cfg.output.dir).resolve()
+            folder = Path(args.output or cfg.output.dir).resolve()
             plan = make_plan(
                 cfg,
                 with_examples=args.show_prompts and not args.json,
-                measured=measured(out_dir, cfg),
+                measured=measured(folder, cfg),
             )
             text = plan.render(show_prompts=args.show_prompts)
             print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
