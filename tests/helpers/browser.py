@@ -43,6 +43,10 @@ class PageCheck:
     nested_tables: int = 0
     sections: list[dict[str, Any]] = field(default_factory=list)
     more: list[dict[str, Any]] = field(default_factory=list)
+    # What each plot's SVG draws, laid out by the browser (issue 39): data lines drawn
+    # twice (one hides the other), a legend over the plotted area, a scale in a corner
+    # label (``1e6``) instead of readable ticks.
+    drawn: list[dict[str, Any]] = field(default_factory=list)
 
 
 _STRUCTURE = """() => {
@@ -61,6 +65,48 @@ _STRUCTURE = """() => {
     more.push({title: h.textContent, tables, plots, text: text.trim()});
   }
   return {nested: document.querySelectorAll('td table, th table').length, sections, more};
+}"""
+
+
+# Each img.plot's SVG put into the page (off screen, so the browser lays it out) and
+# measured: the paths of its data lines (an axes' own line2d groups; ticks and legend
+# keys are inside other groups) drawn more than once, the legend boxes that overlap an
+# axes' background patch, and the texts that are a scale exponent (1e6, 1e-05).
+_DRAWN = """() => {
+  const out = [];
+  const box = document.createElement('div');
+  box.style.cssText = 'position:absolute;left:-20000px;top:0';
+  document.body.appendChild(box);
+  for (const img of document.querySelectorAll('img.plot')) {
+    const text = atob(img.src.split(',', 2)[1]);
+    const svg = new DOMParser().parseFromString(text, 'image/svg+xml').documentElement;
+    box.replaceChildren(document.importNode(svg, true));
+    const areas = [];
+    const paths = [];
+    for (const axes of box.querySelectorAll('g[id^="axes_"]')) {
+      const bg = axes.querySelector(':scope > g[id^="patch_"]');
+      if (bg) areas.push(bg.getBoundingClientRect());
+      for (const p of axes.querySelectorAll(':scope > g[id^="line2d_"] > path')) {
+        const d = (p.getAttribute('d') || '').trim();
+        if (d) paths.push(d);
+      }
+    }
+    const overlaps = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+      && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+    const legends = Array.from(box.querySelectorAll('g[id^="legend_"]'))
+      .map(l => l.getBoundingClientRect());
+    out.push({
+      alt: img.alt,
+      lines: paths.length,
+      repeated_lines: paths.length - new Set(paths).size,
+      legends: legends.length,
+      legends_on_plot: legends.filter(l => areas.some(a => overlaps(l, a))).length,
+      exponents: Array.from(box.querySelectorAll('text')).map(t => t.textContent.trim())
+        .filter(t => /^[-+\u2212]?[0-9.]*e[-+\u2212]?[0-9]+$/i.test(t) || t.includes('\u00d710')),
+    });
+  }
+  box.remove();
+  return out;
 }"""
 
 
@@ -120,6 +166,7 @@ def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = F
         )
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=full_page)
+        check.drawn = page.evaluate(_DRAWN)
     return check
 
 
@@ -161,3 +208,10 @@ def assert_readable(check: PageCheck) -> None:
     for entry in check.more:
         assert entry["tables"] + entry["plots"] >= 1, entry
         assert entry["text"] not in ("None", "empty"), entry
+    # Every plot as a reader sees it (issue 39): no line hidden under an identical one,
+    # no legend on the bars or lines, tick labels that carry their own scale.
+    assert len(check.drawn) == len(check.plots)
+    for plot in check.drawn:
+        assert plot["repeated_lines"] == 0, plot
+        assert plot["legends_on_plot"] == 0, plot
+        assert plot["exponents"] == [], plot
