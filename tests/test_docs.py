@@ -132,8 +132,8 @@ def test_the_site_builds_strictly(tmp_path: Path, monkeypatch, caplog) -> None:
     assert "fonts.googleapis" not in (site / "index.html").read_text()
 
 
-def _rendered(page: Path) -> str:
-    """A docs page as the site's Markdown renders it (mkdocs.yml's extensions, the
+def _rendered(pages: list[Path]) -> dict[Path, str]:
+    """Docs pages as the site's Markdown renders them (mkdocs.yml's extensions, the
     snippets included), without building the site."""
     import markdown
     from mkdocs.config import load_config
@@ -142,7 +142,7 @@ def _rendered(page: Path) -> str:
     md = markdown.Markdown(
         extensions=config["markdown_extensions"], extension_configs=config["mdx_configs"]
     )
-    return md.convert(page.read_text(encoding="utf-8"))
+    return {page: md.reset().convert(page.read_text(encoding="utf-8")) for page in pages}
 
 
 # A line of a rendered paragraph that starts like a list item: a list written without
@@ -160,14 +160,14 @@ def test_the_pages_render_as_github_shows_them(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the snippets' base path (ARCHITECTURE.md, BENCHMARKS.md)
     monkeypatch.setenv("NO_MKDOCS_2_WARNING", "1")
     wrong = []
-    for page in sorted(DOCS.rglob("*.md")):
-        html = _rendered(page)
+    rendered = _rendered(sorted(DOCS.rglob("*.md")))
+    for page, html in rendered.items():
         for paragraph in re.findall(r"<p>(.*?)</p>", html, re.S):
             text = re.sub(r"<[^>]+>", "", paragraph)
             wrong += [f"{page.relative_to(ROOT)}: {m}" for m in _SWALLOWED_ITEM.findall(text)]
         wrong += [f"{page.relative_to(ROOT)}: {c}" for c in re.findall(r"<code>[^<]*\\\|", html)]
     assert not wrong, wrong
-    assert '<ol start="0">' in _rendered(DOCS / "architecture.md")
+    assert '<ol start="0">' in rendered[DOCS / "architecture.md"]
 
 
 def test_every_page_is_in_the_nav() -> None:
