@@ -89,15 +89,22 @@ def test_the_registry_is_not_empty() -> None:
     assert _shipped() and set(_shipped()) <= set(available_domains())  # not a vacuous check
 
 
+@cache
+def _engine_words() -> list[tuple[str, int, str]]:
+    """(module, line, lowercased text) of every code word outside the domains: parsed
+    once per process, not once per domain."""
+    return [
+        (str(path.relative_to(ROOT)), line, text.lower())
+        for path in _engine_modules()
+        for line, text in _code_words(path)
+    ]
+
+
 @pytest.mark.parametrize("domain", _shipped())
 def test_engine_code_names_no_domain(domain: str) -> None:
     word = re.compile(rf"(?<![a-z0-9]){re.escape(domain)}(?![a-z0-9])")
-    found = [
-        f"{path.relative_to(ROOT)}:{line}: {text!r}"
-        for path in _engine_modules()
-        for line, text in _code_words(path)
-        if word.search(text.lower())
-    ]
+    words = _engine_words()
+    found = [f"{path}:{line}: {text!r}" for path, line, text in words if word.search(text)]
     assert not found, "\n".join(found)
 
 

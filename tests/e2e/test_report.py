@@ -50,17 +50,42 @@ def test_a_run_ends_with_its_report_and_card(ray_session, devserver, tmp_path: P
         assert "diversity" in {m["title"] for m in check.more}
 
 
+# A run of millions of tokens, paid in full (cost and paid one series), rows arriving
+# after 9.8 s of start-up: what drew a "1e6" corner label, a line hidden under its twin
+# and a throughput of zero then one step (issue 39).
+_LONG_START = {
+    "tokens": {"prompt_tokens": 3_584_204, "completion_tokens": 397_840},
+    "by_stage": {
+        "prefilter": {"tokens": {"prompt_tokens": 255_491, "completion_tokens": 1_541},
+                      "cost_usd": 0.0939},
+        "amplify": {"tokens": {"prompt_tokens": 3_328_713, "completion_tokens": 396_299},
+                    "cost_usd": 4.9027},
+    },
+    "wall_time_s": 10.6,
+    "timeline": {"columns": ["seconds", "total", "accepted", "cost_usd", "paid_usd"],
+                 "points": [[9.6, 0, 0, 0.09, 0.09], [9.8, 0, 0, 0.12, 0.12],
+                            [10.1, 9, 7, 2.0, 2.0], [10.6, 15, 12, 4.9966, 4.9966]]},
+    "diversity": {"tools_per_row": {"rows": 12, "histogram": {"1": 4, "2": 8}}},
+}  # fmt: skip
+
+
 def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
     tmp_path: Path,
 ) -> None:
     from factory.io.report import write_report
 
     chromium_path()  # skips, saying why, without a browser
-    extra = {"diversity": {"tools_per_row": {"rows": 12, "histogram": {"1": 4, "2": 8}}}}
-    report = write_report(make_folder(tmp_path / "o", extra=extra))
-    check = open_page(report, screenshot=tmp_path / "shot.png")
+    report = write_report(make_folder(tmp_path / "o", extra=_LONG_START))
+    check = open_page(report, screenshot=tmp_path / "shot.png", full_page=True)
     assert check.title.startswith("factory run report")
     assert check.requests == []  # nothing fetched: the file is the whole report
     assert len(check.plots) >= 11
-    assert_readable(check)
+    assert_readable(check)  # no hidden twin line, no legend on a plot, no 1e6
+    drawn = {d["alt"]: d for d in check.drawn}
+    assert drawn["Cost over time"]["lines"] == 1  # cost = paid: one line, named so
+    assert drawn["Rows over time"]["lines"] == 2  # total and accepted differ: both
+    assert drawn["Tokens per row (bins of 2)"]["legends"] == 1  # cutoff_len, off the bars
+    sections = {s["title"]: s["text"] for s in check.sections}
+    assert "calls issued" in sections["Funnel"] and "rounds" not in sections["Funnel"]
+    assert "the first 9.8 s are start-up" in sections["Throughput and cost over time"]
     assert (tmp_path / "shot.png").stat().st_size > 10_000

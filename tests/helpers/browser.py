@@ -43,6 +43,10 @@ class PageCheck:
     nested_tables: int = 0
     sections: list[dict[str, Any]] = field(default_factory=list)
     more: list[dict[str, Any]] = field(default_factory=list)
+    # What each plot's SVG draws, laid out by the browser (issue 39): data lines drawn
+    # twice (one hides the other), a legend over the plotted area, a scale in a corner
+    # label (``1e6``) instead of readable ticks.
+    drawn: list[dict[str, Any]] = field(default_factory=list)
 
 
 _STRUCTURE = """() => {
@@ -64,12 +68,51 @@ _STRUCTURE = """() => {
 }"""
 
 
+# Each img.plot's SVG put into the page (off screen, so the browser lays it out) and
+# measured: the paths of its data lines (an axes' own line2d groups; ticks and legend
+# keys are inside other groups) drawn more than once, the legend boxes that overlap an
+# axes' background patch, and the texts that are a scale exponent (1e6, 1e-05).
+_DRAWN = """() => {
+  const out = [];
+  const box = document.createElement('div');
+  box.style.cssText = 'position:absolute;left:-20000px;top:0';
+  document.body.appendChild(box);
+  for (const img of document.querySelectorAll('img.plot')) {
+    const text = atob(img.src.split(',', 2)[1]);
+    const svg = new DOMParser().parseFromString(text, 'image/svg+xml').documentElement;
+    box.replaceChildren(document.importNode(svg, true));
+    const areas = [];
+    const paths = [];
+    for (const axes of box.querySelectorAll('g[id^="axes_"]')) {
+      const bg = axes.querySelector(':scope > g[id^="patch_"]');
+      if (bg) areas.push(bg.getBoundingClientRect());
+      for (const p of axes.querySelectorAll(':scope > g[id^="line2d_"] > path')) {
+        const d = (p.getAttribute('d') || '').trim();
+        if (d) paths.push(d);
+      }
+    }
+    const overlaps = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+      && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+    const legends = Array.from(box.querySelectorAll('g[id^="legend_"]'))
+      .map(l => l.getBoundingClientRect());
+    out.push({
+      alt: img.alt,
+      lines: paths.length,
+      repeated_lines: paths.length - new Set(paths).size,
+      legends: legends.length,
+      legends_on_plot: legends.filter(l => areas.some(a => overlaps(l, a))).length,
+      exponents: Array.from(box.querySelectorAll('text')).map(t => t.textContent.trim())
+        .filter(t => /^[-+\u2212]?[0-9.]*e[-+\u2212]?[0-9]+$/i.test(t) || t.includes('\u00d710')),
+    });
+  }
+  box.remove();
+  return out;
+}"""
+
+
 @contextlib.contextmanager
-def _loaded(
-    path: Path, check: PageCheck, *, width: int, height: int, timeout_ms: int
-) -> Iterator[Any]:
-    """A chromium page with ``path`` (file://) loaded, its console errors and its
-    requests off the disk recorded in ``check``; the browser closes on exit."""
+def _browser() -> Iterator[Any]:
+    """One headless chromium (the system's), closed on exit."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -77,25 +120,46 @@ def _loaded(
             executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"]
         )
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.on(
-                "console",
-                lambda msg: check.console_errors.append(msg.text) if msg.type == "error" else None,
-            )
-            page.on("pageerror", lambda exc: check.console_errors.append(str(exc)))
-            page.on(
-                "request",
-                lambda req: (
-                    check.requests.append(req.url)
-                    if not req.url.startswith(("file:", "data:"))
-                    else None
-                ),
-            )
-            page.goto(path.resolve().as_uri(), wait_until="load", timeout=timeout_ms)
-            check.title = page.title()
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+def _tab(browser: Any, checks: list[PageCheck], *, width: int, height: int) -> Any:
+    """A new tab of ``browser`` whose console errors and requests off the disk go to the
+    last of ``checks`` (a tab reused for many pages appends a check per page)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.on(
+        "console",
+        lambda msg: checks[-1].console_errors.append(msg.text) if msg.type == "error" else None,
+    )
+    page.on("pageerror", lambda exc: checks[-1].console_errors.append(str(exc)))
+    page.on(
+        "request",
+        lambda req: (
+            checks[-1].requests.append(req.url)
+            if not req.url.startswith(("file:", "data:"))
+            else None
+        ),
+    )
+    return page
+
+
+def _goto(page: Any, path: Path, check: PageCheck, *, timeout_ms: int) -> None:
+    page.goto(path.resolve().as_uri(), wait_until="load", timeout=timeout_ms)
+    check.title = page.title()
+
+
+@contextlib.contextmanager
+def _loaded(
+    path: Path, check: PageCheck, *, width: int, height: int, timeout_ms: int
+) -> Iterator[Any]:
+    """A chromium page with ``path`` (file://) loaded, its console errors and its
+    requests off the disk recorded in ``check``; the browser closes on exit."""
+    with _browser() as browser:
+        page = _tab(browser, [check], width=width, height=height)
+        _goto(page, path, check, timeout_ms=timeout_ms)
+        yield page
 
 
 def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = False) -> PageCheck:
@@ -120,32 +184,54 @@ def open_page(path: Path, *, screenshot: Path | None = None, full_page: bool = F
         )
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=full_page)
+        check.drawn = page.evaluate(_DRAWN)
     return check
+
+
+# What a reader of a docs page cannot see (issue 39): a code block or a table whose
+# content is wider than its box (scrolled sideways, the rest cut off at the edge).
+_CUT = """() => Array.from(document.querySelectorAll(
+    '.md-content pre > code, .md-content .md-typeset__scrollwrap'))
+  .filter(el => el.scrollWidth > el.clientWidth + 1)
+  .map(el => ({over: el.scrollWidth - el.clientWidth, text: el.innerText.slice(0, 100)}))"""
 
 
 @dataclass
 class SitePage:
     """A documentation page as the browser drew it: what ``PageCheck`` records, the
-    targets of the navigation's links and the number of table rows."""
+    targets of the navigation's links, the number of table rows, and the code blocks
+    and tables cut at the column's edge."""
 
     check: PageCheck
     nav: list[str]
     table_rows: int
+    cut: list[dict[str, Any]]
 
 
-def open_site_page(path: Path, *, screenshot: Path | None = None) -> SitePage:
-    """Load a page of the built documentation site (file://), as a reader opens it from
-    disk, and report what ``SitePage`` holds."""
-    check = PageCheck()
-    with _loaded(path, check, width=1400, height=1100, timeout_ms=60_000) as page:
-        nav = page.evaluate(
-            "Array.from(document.querySelectorAll('nav.md-nav--primary a.md-nav__link'))"
-            ".map(a => a.getAttribute('href')).filter(h => h)"
-        )
-        rows = page.evaluate("document.querySelectorAll('.md-content table tbody tr').length")
-        if screenshot is not None:
-            page.screenshot(path=str(screenshot))
-    return SitePage(check=check, nav=list(nav), table_rows=int(rows))
+def open_site_pages(
+    site: Path, pages: list[Path], *, screenshots: Path | None = None, width: int = 1280
+) -> dict[Path, SitePage]:
+    """Load each of ``pages`` of the built documentation site (file://, as a reader
+    opens it from disk) in one browser, at a laptop's ``width``, and report what
+    ``SitePage`` holds; ``screenshots``: a folder for a picture of each page's first screen."""
+    found: dict[Path, SitePage] = {}
+    checks: list[PageCheck] = []
+    with _browser() as browser:
+        page = _tab(browser, checks, width=width, height=900)
+        for path in pages:
+            check = PageCheck()
+            checks.append(check)
+            _goto(page, path, check, timeout_ms=60_000)
+            nav = page.evaluate(
+                "Array.from(document.querySelectorAll('nav.md-nav--primary a.md-nav__link'))"
+                ".map(a => a.getAttribute('href')).filter(h => h)"
+            )
+            rows = page.evaluate("document.querySelectorAll('.md-content table tbody tr').length")
+            if screenshots is not None:
+                name = str(path.relative_to(site).with_suffix(".png")).replace("/", "_")
+                page.screenshot(path=str(screenshots / name))
+            found[path] = SitePage(check, list(nav), int(rows), page.evaluate(_CUT))
+    return found
 
 
 def assert_readable(check: PageCheck) -> None:
@@ -161,3 +247,10 @@ def assert_readable(check: PageCheck) -> None:
     for entry in check.more:
         assert entry["tables"] + entry["plots"] >= 1, entry
         assert entry["text"] not in ("None", "empty"), entry
+    # Every plot as a reader sees it (issue 39): no line hidden under an identical one,
+    # no legend on the bars or lines, tick labels that carry their own scale.
+    assert len(check.drawn) == len(check.plots)
+    for plot in check.drawn:
+        assert plot["repeated_lines"] == 0, plot
+        assert plot["legends_on_plot"] == 0, plot
+        assert plot["exponents"] == [], plot

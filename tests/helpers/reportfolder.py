@@ -43,7 +43,8 @@ def conversation(i: int, outcome: str) -> list[dict[str, str]]:
 
 def make_folder(out: Path, *, rows: int = 12, extra: dict[str, Any] | None = None) -> Path:
     """An amplify-like folder: ``rows`` accepted rows from 3 seeds (every third refused),
-    two reject reasons, a manifest with the sections a run writes, and run.json."""
+    two reject reasons, a manifest with the sections a run writes, and run.json;
+    ``extra``: manifest sections added, or replacing these."""
     data = ShardWriter(out, shard_rows=5)
     for i in range(rows):
         outcome = "refused" if i % 3 == 0 else "completed"
@@ -85,13 +86,13 @@ def make_folder(out: Path, *, rows: int = 12, extra: dict[str, Any] | None = Non
     manifest.stages = {"export": {"accepted": rows}, "postprocess": {"rejected": 3}}
     manifest.reason("postprocess", "malformed_json", 2)
     manifest.reason("postprocess", "unknown_tool", 1)
-    manifest.extra.update(
+    sections = dict(
         pipeline="amplify",
         model="factory-dev",
         generated_with_devserver=True,
         seeds={"total": 4, "kept": 3, "rejected": 1, "failed": 0, "unissued": 0,
                "reasons": {"seed_check:schema": 1}, "retries": {}},
-        calls={"issued": rows + 3, "rounds": 2},
+        calls={"issued": rows + 3},
         tokens={"prompt_tokens": 9000, "completion_tokens": 3000, "cached_tokens": 1000},
         cost_usd=0.0421,
         cost_usd_paid_this_run=0.03,
@@ -111,8 +112,8 @@ def make_folder(out: Path, *, rows: int = 12, extra: dict[str, Any] | None = Non
                               "responses_from_cache"],
                   "points": [[0.5, 2, 1, 0.005, 0.004, 0], [1.5, 9, 7, 0.02, 0.015, 2],
                              [2.5, rows + 3, rows, 0.0421, 0.03, 4]]},
-        **(extra or {}),
     )  # fmt: skip
+    manifest.extra.update({**sections, **(extra or {})})
     manifest.write(out, total=rows + 3, accepted=rows, surplus=0, rejected=3, failed=0)
     state = {
         "status": "done",

@@ -134,7 +134,8 @@ def _funnel(m: Mapping[str, Any]) -> str:
     calls = m.get("calls") or {}
     if calls:
         rows.append(("calls issued", int(calls.get("issued") or 0)))
-        rows.append(("rounds", int(calls.get("rounds") or 0)))
+        if calls.get("rounds"):  # a folder of the round-based engine; the item loop has none
+            rows.append(("rounds", int(calls["rounds"])))
         steps["calls"] = calls.get("issued", 0)
     what = {"amplify": "calls", "curate": "seeds", "envsim": "step samples"}
     rows.append((f"total ({what.get(str(m.get('pipeline')), 'rows')})", totals.get("total", 0)))
@@ -282,19 +283,43 @@ def _cost(m: Mapping[str, Any]) -> str:
 
 
 def throughput(
-    seconds: list[float], total: list[float], wall_s: float, bins: int = 40
+    seconds: list[float], total: list[float], bins: int = 40
 ) -> tuple[list[float], list[float]]:
-    """Rows per second in ``bins`` equal windows from 0 to ``wall_s``: ``(window starts,
-    rates)``, from the timeline's cumulative ``total`` at its ``seconds``."""
-    span = max(wall_s, seconds[-1] if seconds else 0.0, 1e-9)
+    """Rows per second over the phase rows arrive in, from the timeline's cumulative
+    ``total`` at its ``seconds``: ``(window starts and the phase's end, rates)``, the
+    last rate repeated (a step plot's end); ``([], [])`` when no row arrived.
+
+    Why a phase, not the whole run: a run spends its first seconds (Ray, reading and
+    judging seeds) with no row; over the whole run the rows' rate is a flat zero and
+    then one step. The phase starts at the last point before the first row (the
+    start-up is the span before it) and ends at the point the last row arrived by. The
+    rows counted between two points are spread evenly over the time between them, so a
+    window's rate does not depend on where the sparse points fell.
+    """
+    first = next((i for i, n in enumerate(total) if n > 0), None)
+    if first is None:
+        return [], []
+    last = total.index(total[-1])
+    begin, end = (seconds[first - 1] if first else seconds[first]), seconds[last]
+    before = total[first - 1] if first else 0.0
+    if end <= begin:  # every row at one point: its rate over the run so far
+        begin = 0.0
+    span = max(end - begin, 1e-9)
     width = span / bins
-    starts = [i * width for i in range(bins)]
     done = [0.0] * bins
-    before = 0.0
-    for t, n in zip(seconds, total, strict=True):
-        done[min(bins - 1, int(t / width))] += n - before
-        before = n
-    return [*starts, span], [d / width for d in done] + [done[-1] / width]
+    t0 = begin
+    for t, n in zip(seconds[first : last + 1], total[first : last + 1], strict=True):
+        rows, before = n - before, n
+        if t <= t0:  # no interval (the first point of the timeline): its first window
+            done[min(bins - 1, int((t - begin) / width))] += rows
+            continue
+        for b in range(int((t0 - begin) / width), min(bins, int((t - begin) / width) + 1)):
+            low, high = max(t0, begin + b * width), min(t, begin + (b + 1) * width)
+            if high > low:
+                done[b] += rows * (high - low) / (t - t0)
+        t0 = t
+    starts = [begin + i * width for i in range(bins)]
+    return [*starts, begin + span], [d / width for d in done] + [done[-1] / width]
 
 
 def _over_time(m: Mapping[str, Any]) -> str:
@@ -304,25 +329,35 @@ def _over_time(m: Mapping[str, Any]) -> str:
         col = {name: [p[i] for p in points] for i, name in enumerate(columns)}
         wall = float(m.get("wall_time_s") or col["seconds"][-1])
         x = [0.0, *col["seconds"], max(wall, col["seconds"][-1])]  # the whole run
+        run = (0.0, x[-1])
 
         def spanned(name: str) -> list[float]:
             return [0.0, *col[name], col[name][-1]]
 
         since = f"seconds since {m.get('wall_time_from') or 'start'}"
+        starts, rates = throughput(col["seconds"], col["total"])
+        startup = (0.0, starts[0], "start-up: no row yet") if starts and starts[0] > 0 else None
         counts = {k: spanned(k) for k in ("total", "accepted") if k in col}
-        figs = [plots.lines(x, counts, "Rows over time", xlabel=since, ylabel="rows", xmax=x[-1])]
-        starts, rates = throughput(col["seconds"], col["total"], x[-1])
-        figs.append(
-            plots.lines(starts, {"rows/s": rates}, "Throughput", xlabel=since, ylabel="rows/s",
-                        xmax=x[-1], step=True)
-        )  # fmt: skip
-        if "cost_usd" in col:
-            costs = {k: spanned(k) for k in ("cost_usd", "paid_usd") if k in col}
+        figs = [plots.lines(x, counts, "Rows over time", xlabel=since, ylabel="rows", xlim=run,
+                            shade=startup)]  # fmt: skip
+        if starts:
+            phase = since if startup is None else f"{since} (start-up until {starts[0]:,.1f} s)"
             figs.append(
-                plots.lines(x, costs, "Cost over time", xlabel=since, ylabel="USD", xmax=x[-1])
+                plots.lines(starts, {"rows/s": rates}, "Throughput", xlabel=phase,
+                            ylabel="rows/s", xlim=(starts[0], starts[-1]), step=True)
+            )  # fmt: skip
+        if "cost_usd" in col:
+            names = {"cost_usd": "cost of the output", "paid_usd": "paid by this run"}
+            costs = {names[k]: spanned(k) for k in names if k in col}
+            figs.append(plots.lines(x, costs, "Cost over time", xlabel=since, ylabel="USD",
+                                    xlim=run, shade=startup))  # fmt: skip
+        note = f"{len(points)} points over {x[-1]:,.1f} s of wall time"
+        if startup is not None:
+            note += (
+                f"; the first {starts[0]:,.1f} s are start-up (no row yet), so throughput is"
+                f" drawn over the {starts[-1] - starts[0]:,.1f} s rows arrived in"
             )
-        note = f'<p class="muted">{len(points)} points over {x[-1]:,.1f} s of wall time.</p>'
-        return note + _figures(figs)
+        return f'<p class="muted">{note}.</p>' + _figures(figs)
     rounds = (m.get("timings") or {}).get("rounds") or []
     if rounds:
         rows = [

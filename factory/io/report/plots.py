@@ -21,11 +21,20 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["Plot", "bars", "binned", "histogram", "lines", "nice_width"]
+__all__ = ["Plot", "bars", "binned", "compact", "histogram", "lines", "merge_identical",
+           "nice_width"]  # fmt: skip
 
 _RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "factory-report", "font.size": 9}
 _COLOR = "#4c72b0"
 _MAX_BARS = 40
+# Series on one plot: each its own colour and dash, so a line drawn over another
+# where they agree still shows where they part (total vs accepted, cost vs paid).
+_STYLES: tuple[dict[str, Any], ...] = (
+    {"color": _COLOR, "linestyle": "-", "linewidth": 2.0},
+    {"color": "#dd8452", "linestyle": "--", "linewidth": 1.6},
+    {"color": "#55a868", "linestyle": ":", "linewidth": 1.6},
+    {"color": "#8172b3", "linestyle": "-.", "linewidth": 1.4},
+)
 
 
 @dataclass(frozen=True)
@@ -59,15 +68,31 @@ def _figure(width: float = 6.4, height: float = 3.0) -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def bars(
-    counts: Mapping[str, float],
-    title: str,
-    *,
-    xlabel: str = "",
-    horizontal: bool = False,
-    color: str = _COLOR,
-) -> Plot:
-    """Bars of ``counts`` in their order (the first ``_MAX_BARS``; the rest summed)."""
+def compact(value: float, _pos: object = None) -> str:
+    """A tick label read at a glance: ``350k``, ``1.2M``, ``0.25``. Why: matplotlib's
+    default puts a large axis's scale in a corner label (``1e6``) a reader misses."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+def _readable(*axes: Any) -> None:
+    """Tick labels of these axes (``ax.xaxis``, ``ax.yaxis``) in ``compact`` form."""
+    from matplotlib.ticker import FuncFormatter
+
+    for axis in axes:
+        axis.set_major_formatter(FuncFormatter(compact))
+
+
+def _legend(fig: Figure) -> None:
+    """The legend above the plot, outside its axes: never on the bars or lines."""
+    fig.legend(loc="outside upper right", frameon=False, ncols=3)
+
+
+def _bars_axes(
+    counts: Mapping[str, float], *, xlabel: str, horizontal: bool = False, color: str = _COLOR
+) -> tuple[Figure, Axes]:
     items = list(counts.items())
     if len(items) > _MAX_BARS:
         rest = sum(v for _, v in items[_MAX_BARS - 1 :])
@@ -80,6 +105,7 @@ def bars(
         ax.set_yticks(range(len(labels)), labels)
         ax.invert_yaxis()
         ax.set_xlabel(xlabel)
+        _readable(ax.xaxis)
     else:
         fig, ax = _figure()
         ax.bar(range(len(values)), values, color=color)
@@ -87,6 +113,21 @@ def bars(
         align = "right" if rotate else "center"
         ax.set_xticks(range(len(labels)), labels, rotation=rotate, ha=align)
         ax.set_ylabel(xlabel)
+        _readable(ax.yaxis)
+    return fig, ax
+
+
+def bars(
+    counts: Mapping[str, float],
+    title: str,
+    *,
+    xlabel: str = "",
+    horizontal: bool = False,
+    color: str = _COLOR,
+) -> Plot:
+    """Bars of ``counts`` in their order (the first ``_MAX_BARS``; the rest summed), the
+    value axis in ``compact`` ticks (350k, 1.2M)."""
+    fig, ax = _bars_axes(counts, xlabel=xlabel, horizontal=horizontal, color=color)
     ax.set_title(title)
     return _render(fig, title)
 
@@ -124,10 +165,11 @@ def _histogram_axes(
     else:  # a bin [start, start + width) drawn as wide as it is
         ax.bar(xs, heights, width=bin_width, align="edge", color=_COLOR, edgecolor="white",
                linewidth=0.4)  # fmt: skip
+    _readable(ax.xaxis, ax.yaxis)
     if marker is not None:
         label, x = marker
         ax.axvline(x, color="#c44e52", linestyle="--", linewidth=1.2, label=label)
-        ax.legend(frameon=False, loc="upper right")
+        _legend(fig)
     return fig, ax
 
 
@@ -150,6 +192,47 @@ def histogram(
     return _render(fig, title)
 
 
+def merge_identical(series: Mapping[str, Sequence[float]]) -> dict[str, Sequence[float]]:
+    """``series`` with those of equal values drawn once, named together (``total =
+    accepted``): two identical lines would hide one under the other while the legend
+    names both."""
+    groups: list[tuple[list[str], Sequence[float]]] = []
+    for name, ys in series.items():
+        same = next((names for names, seen in groups if list(seen) == list(ys)), None)
+        if same is None:
+            groups.append(([name], ys))
+        else:
+            same.append(name)
+    return {" = ".join(names): ys for names, ys in groups}
+
+
+def _lines_axes(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlim: tuple[float, float] | None,
+    step: bool,
+    shade: tuple[float, float, str] | None,
+) -> tuple[Figure, Axes]:
+    fig, ax = _figure()
+    drawn = merge_identical(series)
+    for i, (name, ys) in enumerate(drawn.items()):
+        style = _STYLES[i % len(_STYLES)]
+        if step:
+            ax.step(x, ys, where="post", label=name, **style)
+        else:
+            ax.plot(x, ys, label=name, marker="." if len(x) < 30 else None, **style)
+    if shade is not None and shade[1] > shade[0]:
+        ax.axvspan(shade[0], shade[1], color="#000000", alpha=0.06, linewidth=0, label=shade[2])
+    if xlim is not None and xlim[1] > xlim[0]:
+        ax.set_xlim(*xlim)
+    ax.set_ylim(bottom=0)
+    _readable(ax.yaxis)
+    if len(series) > 1 or shade is not None:  # a merged pair says so in its one label
+        _legend(fig)
+    return fig, ax
+
+
 def lines(
     x: Sequence[float],
     series: Mapping[str, Sequence[float]],
@@ -157,23 +240,17 @@ def lines(
     *,
     xlabel: str,
     ylabel: str,
-    xmax: float | None = None,
+    xlim: tuple[float, float] | None = None,
     step: bool = False,
+    shade: tuple[float, float, str] | None = None,
 ) -> Plot:
-    """One line per series over ``x`` (throughput and cost over time), the x axis from
-    0 to ``xmax`` (the run's wall time) when given; ``step``: values hold until the next x."""
-    fig, ax = _figure()
-    for name, ys in series.items():
-        if step:
-            ax.step(x, ys, where="post", label=name)
-        else:
-            ax.plot(x, ys, label=name, marker="." if len(x) < 30 else None)
-    if xmax is not None and xmax > 0:
-        ax.set_xlim(0, xmax)
-    ax.set_ylim(bottom=0)
+    """One line per series over ``x`` (rows, throughput and cost over time), each in its
+    own colour and dash; series with equal values are one line (``merge_identical``).
+    ``xlim``: the x axis's span (the run's wall time, or the phase rows arrive in);
+    ``step``: values hold until the next x; ``shade``: ``(start, end, label)``, a span
+    drawn grey and named in the legend (the start-up before the first row)."""
+    fig, ax = _lines_axes(x, series, xlim=xlim, step=step, shade=shade)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if len(series) > 1:
-        ax.legend(frameon=False)
     return _render(fig, title)

@@ -145,13 +145,34 @@ def test_histogram_bars_are_as_wide_as_their_bins() -> None:
     assert [round(b.get_x() + b.get_width() / 2) for b in ax.patches] == [1, 2, 11]
 
 
-def test_throughput_spans_the_whole_run() -> None:
+def test_throughput_is_drawn_over_the_phase_rows_arrive_in() -> None:
     from factory.io.report.page import throughput
 
-    starts, rates = throughput([43.8, 43.9], [1, 60], wall_s=45.4, bins=10)
-    assert starts[0] == 0 and starts[-1] == pytest.approx(45.4) and len(rates) == len(starts)
-    assert sum(rates[:-1]) * 4.54 == pytest.approx(60)  # every row counted once
-    assert rates[0] == 0 and max(rates) == rates[9]  # nothing before 43.8 s
+    # 9.8 s of start-up (two points without a row), then 500 rows in 0.8 s
+    seconds, total = [9.6, 9.8, 10.1, 10.6], [0, 0, 200, 500]
+    starts, rates = throughput(seconds, total, bins=8)
+    assert starts[0] == 9.8 and starts[-1] == 10.6  # the phase, not the whole run
+    width = starts[1] - starts[0]
+    assert sum(rates[:-1]) * width == pytest.approx(500)  # every row counted once
+    # the rows between two points spread over the time between them: no empty window
+    assert rates[0] == pytest.approx(200 / 0.3) and rates[-2] == pytest.approx(300 / 0.5)
+    assert min(rates) > 0 and len(rates) == len(starts)
+    assert throughput([1.0, 2.0], [0, 0]) == ([], [])  # no row: no plot
+
+
+def test_throughput_counts_rows_of_the_timelines_first_point() -> None:
+    from factory.io.report.page import throughput
+
+    starts, rates = throughput([43.8, 43.9], [1, 60], bins=10)  # the first result, a row
+    assert starts[0] == 43.8 and starts[-1] == pytest.approx(43.9)
+    assert sum(rates[:-1]) * (starts[1] - starts[0]) == pytest.approx(60)
+    starts, rates = throughput([5.0], [7], bins=4)  # one point: its rate since 0 s
+    assert starts[0] == 0 and sum(rates[:-1]) * 1.25 == pytest.approx(7)
+
+
+def test_the_funnel_names_no_rounds_where_the_engine_had_none(page: str) -> None:
+    funnel = page.split("<h2>Funnel</h2>")[1].split("</section>")[0]
+    assert "<td>calls issued</td>" in funnel and "rounds" not in funnel
 
 
 def test_a_folder_without_time_series_or_llm_still_reports(tmp_path: Path) -> None:
