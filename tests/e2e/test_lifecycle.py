@@ -181,13 +181,13 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
 NO_AGENT = "No available agent to submit job"
 
 
-def _quick_start_blocks() -> tuple[str, str]:
-    """The two shell blocks of docs/cluster.md's "Local quick-start on a Ray cluster"."""
+def _quick_start_blocks() -> tuple[str, str, str]:
+    """The three shell blocks of docs/cluster.md's "Local quick-start on a Ray cluster"."""
     text = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
     section = text.split("## Local quick-start on a Ray cluster", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```bash\n")[1:]]
-    assert len(blocks) == 2, "the quick-start has a head block and a submit block"
-    return blocks[0], blocks[1]
+    assert len(blocks) == 3, "the quick-start has a head block, a node block and a submit block"
+    return blocks[0], blocks[1], blocks[2]
 
 
 def _http_ok(url: str, token: str) -> bool:
@@ -205,17 +205,24 @@ def _http_ok(url: str, token: str) -> bool:
 @pytest.mark.ray
 @pytest.mark.timeout(1800)
 def test_the_documented_cluster_quick_start_works_as_written(tmp_path) -> None:
-    """Starts a real Ray head on 127.0.0.1 (token authentication on) with docs/cluster.md's
-    commands, only the ports swapped for free ones and the folders for temporary ones,
-    submits its `ray job submit` and checks the job's exit and output."""
+    """Starts a real two-node Ray cluster on 127.0.0.1 (token authentication on) with
+    docs/cluster.md's commands, only the ports swapped for free ones and the folders for
+    temporary ones, submits its `ray job submit` and checks the job's exit and output, and
+    that the second node ran a worker of the run (``ray.placement: spread``)."""
     import re
 
-    head, submit = _quick_start_blocks()
-    fixed = re.findall(r"--[a-z-]*port (\d+)", head)
-    lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", head))
-    base = free_port()  # worker ports: a range of the documented width from a free port
-    workers = range(base, base + highest - lowest + 1)
-    ports = {str(lowest): str(base), str(highest): str(workers[-1])}
+    head, node, submit = _quick_start_blocks()
+    fixed = re.findall(r"--[a-z-]*port (\d+)", head + node)
+    ports: dict[str, str] = {}
+    taken: set[int] = set()
+    for block in (head, node):  # each node's worker ports: a range of the documented width
+        lowest, highest = (int(p) for p in re.findall(r"--m(?:in|ax)-worker-port (\d+)", block))
+        base = free_port()
+        while any(p in taken for p in range(base, base + highest - lowest + 1)):
+            base = free_port()
+        ports.update({str(lowest): str(base), str(highest): str(base + highest - lowest)})
+        taken |= set(range(base, base + highest - lowest + 1))
+    workers = taken
     for p in fixed:
         if p in ports:
             continue
@@ -252,7 +259,7 @@ def test_the_documented_cluster_quick_start_works_as_written(tmp_path) -> None:
     dashboard = ports[re.search(r"--dashboard-port (\d+)", head).group(1)]  # type: ignore[union-attr]
     agent = ports[re.search(r"--dashboard-agent-listen-port (\d+)", head).group(1)]  # type: ignore[union-attr]
     token_file = home / ".ray" / "auth_token"
-    head_proc = None
+    head_proc = node_proc = None
     try:
         for attempt in range(3):  # Ray gives its raylet a fixed 30 s to start: retry on a busy box
             # The head's messages go to a file, not a pipe: a blocked pipe would stall the
@@ -284,6 +291,22 @@ def test_the_documented_cluster_quick_start_works_as_written(tmp_path) -> None:
             head_proc.wait()
             failure = head_log.read_text()
             assert attempt < 2 and "timed out during startup" in failure, failure[-3000:]
+        node_log = tmp_path / "node.log"
+        with node_log.open("w") as log_file:
+            node_proc = subprocess.Popen(
+                ["bash", "-ec", adapt(node)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                start_new_session=True,
+            )
+        node_manager = ports[re.search(r"--node-manager-port (\d+)", node).group(1)]  # type: ignore[union-attr]
+        deadline = time.time() + 300
+        while not listening(int(node_manager)):  # the second raylet is up
+            assert node_proc.poll() is None, node_log.read_text()[-3000:]
+            assert time.time() < deadline, "the second node did not come up"
+            time.sleep(0.5)
         for _ in range(3):
             job = subprocess.run(
                 ["bash", "-ec", adapt(submit)],
@@ -307,7 +330,15 @@ def test_the_documented_cluster_quick_start_works_as_written(tmp_path) -> None:
         shards = sorted(p.relative_to(out).as_posix() for p in (out / "data").glob("*.parquet"))
         assert shards and sorted(f for f in manifest["files"] if f.startswith("data/")) == shards
         assert json.loads((out / "run.json").read_text())["status"] == "done"
+        assert node_proc.poll() is None, node_log.read_text()[-3000:]
+        # The second raylet (its log, raylet.1.out or so) started a worker for the job.
+        logs = [f for f in Path(tmp_ray).rglob("raylet*.out") if f.name != "raylet.out"]
+        assert any("Started worker process" in f.read_text(errors="replace") for f in logs), [
+            str(f) for f in Path(tmp_ray).rglob("raylet*")
+        ]
     finally:
+        if node_proc is not None:
+            stop_head(node_proc)
         if head_proc is not None:
             stop_head(head_proc)
 
