@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     no.add_argument("--seed", type=int, default=7)
     no.add_argument("--trials", type=int, default=0, help="runs killed at random points")
     no.add_argument(
+        "--at-end", action="store_true", help="trials: kill while the run stops and writes"
+    )
+    no.add_argument(
         "--add-node-after",
         type=float,
         default=None,

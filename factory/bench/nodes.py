@@ -306,12 +306,14 @@ def one_run(
     latency_ms: float,
     seed: int,
     kill_at: float | None = None,
+    answers: int | None = None,
     add_node_after_s: float | None = None,
     timeout_s: float = 900,
 ) -> dict[str, Any]:
     """One run on a fresh three-node cluster; ``kill_at``: kill the node of a worker once
-    that share of ``target``-many answers are stored (0: a few seconds after the start,
-    before or while the workers start; above 1: while the run stops and writes)."""
+    that share of the run's ``answers`` (a clean run's count; default ``target``) are
+    stored (0: a few seconds after the start, before or while the workers start; 1: at the
+    last answer, while the run stops and writes its last shards)."""
     out = work / name
     log = work / f"{name}.requests.jsonl"
     report: dict[str, Any] = {"name": name, "kill_at": kill_at}
@@ -319,7 +321,8 @@ def one_run(
         driver = Driver(run_args(recipe, out, url, target=target, extra=[]), driver_env(cluster))
         try:
             if kill_at is not None:
-                report.update(_kill_when(cluster, driver, out, kill_at, target, log))
+                want = kill_at * (answers or target)
+                report.update(_kill_when(cluster, driver, out, kill_at, want))
             if add_node_after_s is not None and "killed_at" in report:
                 time.sleep(add_node_after_s)
                 cluster.add_node()
@@ -345,13 +348,13 @@ def one_run(
 
 
 def _kill_when(
-    cluster: LocalCluster, driver: Driver, out: Path, kill_at: float, target: int, log: Path
+    cluster: LocalCluster, driver: Driver, out: Path, kill_at: float, want: float
 ) -> dict[str, Any]:
-    """Wait for the kill point, then ``kill -9`` the raylet of a node that runs a worker."""
+    """Wait for the kill point (``want`` answers stored), then ``kill -9`` the raylet of a
+    node that runs a worker."""
     if kill_at <= 0:
         time.sleep(random.uniform(1.0, 8.0))  # the driver joins, the actors start
     else:
-        want = kill_at * target
         while cache_entries(out) < want and driver.running():
             time.sleep(0.02)
     victims = [n for n in (cluster.node_of_pid(p) for p in worker_pids(cluster.tmp)) if n]
@@ -379,7 +382,8 @@ def bench_nodes(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
     }
     clean = one_run(work, "clean", **common)
-    report: dict[str, Any] = {"clean": _brief(clean)}
+    common["answers"] = answers = cache_entries(work / "clean")
+    report: dict[str, Any] = {"clean": _brief(clean), "answers": answers}
     accepted = (clean["totals"] or {}).get("accepted") or 0
     if accepted:
         per_1k = clean["driver_cpu_s"] / accepted * 1000
@@ -396,7 +400,10 @@ def bench_nodes(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     trials = []
     for i in range(args.trials):
-        point = rng.choice([0.0, rng.uniform(0.05, 0.95), rng.uniform(0.95, 1.3)])
+        # the start, the middle, or the end (from the last answers to the last shards)
+        point = rng.choice([0.0, rng.uniform(0.05, 0.95), rng.uniform(0.97, 1.0)])
+        if args.at_end:
+            point = rng.uniform(0.97, 1.0)
         one = one_run(work, f"trial{i}", kill_at=round(point, 3), **common)
         one["same_shards"] = one["shards"] == clean["shards"]
         trials.append(_brief(one))

@@ -471,3 +471,33 @@ def test_the_rayjob_manifest_runs_the_vllm_recipe_on_enough_gpus() -> None:
         assert per_pod * serve.cpus_per_replica <= float(limits["cpu"])
         fits += per_pod * group["maxReplicas"]
     assert fits >= serve.replicas
+
+
+def test_the_multi_node_rayjob_runs_a_shipped_recipe_with_its_output_on_object_storage() -> None:
+    """cluster/rayjob-airline.yaml: its entrypoint loads as a recipe with its overrides, the
+    output is an s3:// prefix, the head takes no worker (num-cpus 0: a lost head loses no
+    worker) and the worker group holds every worker of the run at once."""
+    import shlex
+
+    import yaml
+
+    from factory.config import resolve_recipe_path
+    from factory.io.objectstore import output_location
+
+    doc = yaml.safe_load((ROOT / "cluster" / "rayjob-airline.yaml").read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
+    spec = doc["spec"]
+    args = shlex.split(spec["entrypoint"])
+    assert args[:3] == ["python", "-m", "factory.run"]
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    cfg = load_recipe(resolve_recipe_path(args[3], ROOT), sets)
+    output = args[args.index("--output") + 1]
+    assert isinstance(output_location(output), str) and output.startswith("s3://")
+    assert "env_vars" in spec["runtimeEnvYAML"] and "KEY" not in spec["runtimeEnvYAML"]
+    cluster = spec["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    (group,) = cluster["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    cpus = float(container["resources"]["limits"]["cpu"])
+    assert group["maxReplicas"] * cpus >= cfg.ray.actors * cfg.ray.num_cpus
+    assert cfg.ray.placement == "spread"
