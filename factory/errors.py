@@ -22,6 +22,7 @@ tree (kept in step with the classes below)::
     │   └── OutputDamaged           a finished folder's file is not what its manifest says
     ├── Interrupted                 Ctrl-C / SIGTERM, or a worker whose driver is gone
     ├── ServeError                  a pool replica (llm.serve) never became healthy
+    ├── WorkersLost                 no worker of the run can run (lost, no room to start)
     ├── UnreachableError            a service (an LLM endpoint, the Hub) refused or failed
     └── EnvironmentError_           executable world refused an action (tool error)
 
@@ -58,6 +59,7 @@ __all__ = [
     "ServeError",
     "UnreachableError",
     "ValidationError",
+    "WorkersLost",
     "describe_os_error",
     "short",
 ]
@@ -222,6 +224,15 @@ class ServeError(FactoryError):
 
     exit_code = EXIT_INCOMPLETE
     reason = "serve_failed"
+
+
+class WorkersLost(FactoryError):
+    """No worker of the run runs or can start: every one was lost and the run may make no
+    new one (``ray.max_restarts``), or the cluster had no room for any for the pool's
+    start timeout. The output folder is resumable."""
+
+    exit_code = EXIT_INCOMPLETE
+    reason = "workers_lost"
 
 
 class UnreachableError(FactoryError):

@@ -38,6 +38,7 @@ from factory.engine.roster import Roster, State
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult
 from factory.engine.worker import Worker, freeze_heap
+from factory.errors import WorkersLost
 
 __all__ = ["ActorPool", "LocalPool", "Pool", "WorkerActor"]
 
@@ -435,7 +436,7 @@ class ActorPool:
         """End the run when no worker can ever run again, or none could start for
         ``start_timeout_s``; say once when some workers wait for room."""
         if not self.roster.alive():
-            raise RuntimeError(
+            raise WorkersLost(
                 "every worker of the run died (and ray.max_restarts new ones after them); "
                 f"{self.roster.lost} actors were lost: see logs/run.log"
             )
@@ -444,7 +445,7 @@ class ActorPool:
         if ready == 0:
             since = self._none_ready_since = self._none_ready_since or now
             if now - since > self._start_timeout_s:
-                raise RuntimeError(
+                raise WorkersLost(
                     f"no worker of the run could start for {self._start_timeout_s:.0f} s: the "
                     f"Ray cluster has no room for an actor of {self.num_cpus} CPUs "
                     "(ray.num_cpus); the output folder is resumable"
