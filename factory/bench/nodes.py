@@ -382,6 +382,8 @@ def bench_nodes(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
     }
     clean = one_run(work, "clean", **common)
+    if clean["exit_code"] != 0 or not clean["shards"]:  # nothing to compare the others with
+        raise RuntimeError(f"the clean run failed: {clean['stderr_tail']}")
     answers = cache_entries(work / "clean")
     report: dict[str, Any] = {"clean": _brief(clean), "answers": answers}
     accepted = (clean["totals"] or {}).get("accepted") or 0
