@@ -458,10 +458,11 @@ class ActorPool:
         ]
         if starting and not self._waiting_said and now - min(starting) > WAITING_SAID_AFTER_S:
             self._waiting_said = True
-            self._notify(
-                f"{self._strength(ready, size)}; {len(starting)} wait for room in the Ray "
-                f"cluster ({self.num_cpus} CPUs each) and join when a node has it"
+            why = (
+                f"not running yet (starting, or waiting for room in the Ray cluster: "
+                f"{self.num_cpus} CPUs each); they join as soon as they can"
             )
+            self._notify(f"{self._strength(ready, size)}; {len(starting)} {why}")
 
     # -- control --------------------------------------------------------------------------
     def _broadcast(self, make: Callable[[Any], Any]) -> None:
