@@ -182,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entry() -> None:
     """The ``factory`` console script."""
     code = main()
-    if code == EXIT_INTERRUPTED:  # as `python -m factory.run`: skip Ray's at-exit teardown
+    from factory.engine import interrupts
+
+    # as `python -m factory.run`: after a signal, skip Ray's at-exit teardown
+    if code == EXIT_INTERRUPTED or interrupts.received():
         sys.stdout.flush()
         os._exit(code)
     raise SystemExit(code)

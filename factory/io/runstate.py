@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow.parquet as pq
 
@@ -593,26 +593,49 @@ def reserve_room(out_dir: Path, size: int = RESERVE_BYTES) -> bool:
         return False
 
 
+RESERVE_SLACK = 16 << 10  # given back beyond the answers' bytes: blocks, the temp file
+
+
 def _write_unstored(folder: Path, name: str, data: bytes, out_dir: Path) -> None:
-    try:
-        atomic_write_text(folder / name, data.decode(), out_dir)
-    except OutputWriteError:
-        reserve = folder / RESERVE_FILE
-        if not reserve.is_file():
-            raise
-        reserve.unlink()  # the room set aside for exactly this: take it
-        atomic_write_text(folder / name, data.decode(), out_dir)
+    """Write one file of paid answers; on a full disk, give back as much of the reserved
+    room (``reserve_room``) as it takes, never all of it at once.
+
+    Why not the whole reserve: answers keep arriving while a run on a full disk stops
+    (the requests in flight finish); when the first of them took all the room, the next
+    found none and went to the console, under a run's redirected standard error: into
+    ``OUT/logs/run.log`` on the same full disk (issue 33: 2 paid answers lost).
+    """
+    reserve = folder / RESERVE_FILE
+    need = len(data) + RESERVE_SLACK
+    while True:
+        try:
+            atomic_write_text(folder / name, data.decode(), out_dir)
+            return
+        except OutputWriteError:
+            if not reserve.is_file():
+                raise
+        size = reserve.stat().st_size
+        if size > need:
+            os.truncate(reserve, size - need)  # the room set aside for exactly this
+            need *= 2  # another writer on the volume took it first: give back more
+        else:
+            reserve.unlink()
 
 
 def save_unstored(
-    out_dir: Path, entries: list[tuple[str, dict[str, Any]]], cache_dir: Path | None = None
+    out_dir: Path,
+    entries: list[tuple[str, dict[str, Any]]],
+    cache_dir: Path | None = None,
+    console: IO[str] | None = None,
 ) -> str:
     """Keep paid responses the cache refused, in the cache's line format; returns where.
 
-    Tried in order: ``OUT/unstored/`` (its reserved room taken if the disk is full:
+    Tried in order: ``OUT/unstored/`` (its reserved room used if the disk is full:
     ``reserve_room``), the cache's own folder (``CACHE/unstored/``, when the cache lives
-    elsewhere), and as a last resort the console (stderr): never a temporary folder a
-    resume would not read. The next run stores them in the cache before anything else.
+    elsewhere), and as a last resort ``console`` (default stderr; a run passes the
+    terminal, since its stderr goes to ``OUT/logs/run.log``, on the disk that is full):
+    never a temporary folder a resume would not read. The next run stores them in the
+    cache before anything else.
     """
     from factory.io.cache import encode_line
 
@@ -633,12 +656,14 @@ def save_unstored(
             return str(folder) + "/"
         except (OutputWriteError, OSError) as exc:
             errors.append(str(exc))
-    sys.stderr.write(
+    out = console or sys.stderr
+    out.write(
         "factory: paid responses that could not be written anywhere follow, in the cache's "
         f"line format ({'; '.join(errors)}); save them into {out_dir / UNSTORED_DIR}/ as a "
         ".jsonl file and the next run stores them in the cache\n"
     )
-    sys.stderr.write(data.decode())
+    out.write(data.decode())
+    out.flush()
     return "stderr (no folder could be written: " + "; ".join(errors) + ")"
 
 
