@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, FactoryError
+from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_WRITE, FactoryError
 from factory.secrets import redact
 
 __all__ = ["COMMANDS", "build_parser", "entry", "main"]
@@ -141,13 +141,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from factory.io.report.terminal import inspect_folder
 
     folder = OutputFolder(args.out)
-    inspect_folder(folder, Console(), n=args.n, where=parse_where(args.where), rejects=args.rejects)
-    return 0
+    where = parse_where(args.where)
+    damage = folder.damage()  # named, then read around: the other files' rows are shown
+    for problem in damage:
+        print(f"warning: {' '.join(str(problem).splitlines())}", file=sys.stderr)
+    folder.skip(damage)
+    inspect_folder(folder, Console(), n=args.n, where=where, rejects=args.rejects)
+    return EXIT_WRITE if damage else 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from factory.io.report import write_documents
+    from factory.io.report.folder import OutputFolder
 
+    OutputFolder(args.out).check()  # a report of the rows a damaged file still yields: no
     for path in write_documents(args.out, license_id=args.license):
         print(path)
     return 0

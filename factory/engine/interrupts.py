@@ -23,16 +23,17 @@ run's data is complete (``mark_complete``) an interrupt no longer makes the run
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from factory.engine.console import console
 from factory.errors import EXIT_INTERRUPTED
 
 __all__ = [
@@ -53,6 +54,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[str] = []
 _hint: list[bytes] = []  # what a second signal prints before the process ends
 _complete: list[str] = []  # the output folder whose data is complete (run.json: done)
+_stderr: list[int] = []  # a copy of fd 2 as ``install`` found it (a run sends fd 2 to its log)
 
 
 def set_resume_hint(command: str) -> None:
@@ -68,14 +70,21 @@ def set_resume_hint(command: str) -> None:
 
 
 def mark_complete(out_dir: str) -> None:
-    """The run's data, manifest and ``run.json`` (``done``) are written: an interrupt
-    from here on cuts only what follows (the report, Ray's shutdown)."""
+    """The run is about to record its end: from the moment ``OUT/run.json`` says
+    ``done``, an interrupt cuts only what follows (the report, Ray's shutdown)."""
     _complete[:] = [out_dir]
 
 
 def completed() -> str | None:
-    """The output folder this process completed, if an interrupt came after that."""
-    return _complete[0] if _complete else None
+    """The output folder this process completed (its run.json says ``done``), if any:
+    an interrupt after that is not an interrupted run."""
+    if not _complete:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        state = json.loads(Path(_complete[0], "run.json").read_text(encoding="utf-8"))
+        if state.get("status") == "done":
+            return _complete[0]
+    return None
 
 
 def received() -> str | None:
@@ -101,10 +110,7 @@ def on_signal(signum: int, frame: FrameType | None) -> None:
 def _force_exit(signum: int, frame: FrameType | None) -> None:
     """A second signal: say how to resume (one ``write`` to the terminal: the handler may
     have interrupted a ``print``, so no buffered stream is touched) and end now."""
-    try:
-        fd = console().fileno()  # the terminal, also while Ray's output goes to the log
-    except (AttributeError, OSError, ValueError):
-        fd = 2
+    fd = _stderr[0] if _stderr else 2  # the terminal, also while Ray's output goes to the log
     with contextlib.suppress(OSError):
         os.write(fd, _hint[0] if _hint else b"interrupted again: stopped\n")
     os._exit(EXIT_INTERRUPTED)
@@ -120,6 +126,9 @@ def install() -> dict[int, Any]:
     _complete.clear()
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _close_stderr()
+    with contextlib.suppress(OSError):
+        _stderr.append(os.dup(2))
     previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, on_signal)
@@ -130,6 +139,14 @@ def restore(previous: dict[int, Any]) -> None:
     """Put back the handlers ``install`` replaced."""
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    if previous:
+        _close_stderr()
+
+
+def _close_stderr() -> None:
+    while _stderr:
+        with contextlib.suppress(OSError):
+            os.close(_stderr.pop())
 
 
 @contextlib.contextmanager

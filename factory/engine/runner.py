@@ -303,14 +303,13 @@ def _run_locked(
                 result.manifest["serve"] = served.report()
         _final_wall_time(out_dir, result)
         result.extra["mode"] = mode
+        interrupts.mark_complete(str(out_dir))  # once run.json says done, the run is done
         try:
             finish_run(cfg, out_dir, stopped_by=result.stopped_by)
         except OutputWriteError as exc:
             if result.error is None:
                 raise
             result.error += f"; and {exc}"  # the first failure says where the answers are
-        if result.exit_code == 0:
-            interrupts.mark_complete(str(out_dir))  # run.json says done: the data is whole
         try:
             _write_documents(out_dir, result)
         except KeyboardInterrupt as exc:
@@ -318,8 +317,8 @@ def _run_locked(
                 raise
             name = interrupts.received() or interrupts.signal_name(exc)
             result.extra["report"] = (
-                f"{name} after the run was complete: the run report was not written "
-                f"(`factory report {out_dir}` writes it)"
+                f"{name} after the run was complete: {out_dir} holds the finished dataset; "
+                f"the run report was not written (`factory report {out_dir}` writes it)"
             )
     return result
 

@@ -60,10 +60,12 @@ __all__ = [
     "OutputLock",
     "batch_summary",
     "changed_keys",
+    "find_damage",
     "finish_run",
     "hold_output",
     "note_prompt_changes",
     "prepare_output",
+    "read_manifest",
     "reserve_room",
     "restore_unstored",
     "save_unstored",
@@ -519,29 +521,54 @@ def verify_output(out_dir: Path, *, checksums: bool = False) -> dict[str, Any]:
         OutputWriteError: a listed file is missing, damaged (another checksum,
             unreadable) or has other rows, or an unlisted file sits among the shards.
     """
-    from factory.io.writer import file_sha256
+    manifest = read_manifest(out_dir)
+    for problem in find_damage(out_dir, manifest, checksums=checksums):
+        raise problem
+    return manifest
 
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """``OUT/manifest.json``.
+
+    Raises:
+        OutputDamaged: it is missing or not JSON.
+    """
     path = out_dir / "manifest.json"
     if not path.is_file():
         raise OutputDamaged(path, "missing at the end of the run")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise OutputDamaged(path, f"not a readable manifest ({exc})") from exc
+    return manifest
+
+
+def find_damage(
+    out_dir: Path, manifest: Mapping[str, Any], *, checksums: bool = False
+) -> Iterator[OutputDamaged]:
+    """Each file that is not what ``manifest`` says (missing, another checksum when
+    ``checksums``, unreadable, other rows), then each unlisted file among the shards:
+    the run stops at the first (``verify_output``), ``factory inspect`` names them all
+    and shows the rest."""
+    from factory.io.writer import file_sha256
+
     listed: dict[str, int] = manifest.get("files") or {}
     sums: dict[str, str] = manifest.get("checksums") or {}
     for rel, rows in listed.items():
         file = out_dir / rel
         if not file.is_file():
-            raise OutputDamaged(file, "listed in the manifest but not on disk")
+            yield OutputDamaged(file, "listed in the manifest but not on disk")
+            continue
         if checksums and rel in sums and file_sha256(file) != sums[rel]:
-            raise OutputDamaged(file, "damaged: its SHA-256 is not the manifest's")
+            yield OutputDamaged(file, "damaged: its SHA-256 is not the manifest's")
+            continue
         try:
             found = _rows_in(file)
         except Exception as exc:  # a torn Parquet footer, or any reader error
-            raise OutputDamaged(file, f"unreadable ({type(exc).__name__}: {exc})") from exc
+            yield OutputDamaged(file, f"unreadable ({type(exc).__name__}: {exc})")
+            continue
         if found != rows:
-            raise OutputDamaged(file, f"holds {found} rows, the manifest says {rows}")
+            yield OutputDamaged(file, f"holds {found} rows, the manifest says {rows}")
     for sub in LISTED_DIRS:
         folder = out_dir / sub
         if not folder.is_dir():
@@ -549,8 +576,7 @@ def verify_output(out_dir: Path, *, checksums: bool = False) -> dict[str, Any]:
         for file in sorted(folder.rglob("*")):
             rel = file.relative_to(out_dir).as_posix()
             if file.is_file() and rel not in listed:
-                raise OutputDamaged(file, "on disk but not written by this run")
-    return manifest
+                yield OutputDamaged(file, "on disk but not written by this run")
 
 
 # -- paid responses the cache could not store -----------------------------------------------
