@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, FactoryError
+from factory.errors import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_WRITE, FactoryError
 from factory.secrets import redact
 
 __all__ = ["COMMANDS", "build_parser", "entry", "main"]
@@ -161,14 +161,20 @@ def _inspect(args: argparse.Namespace) -> int:
     where = parse_where(args.where)
     with _folder(args.out) as out:
         folder = OutputFolder(out)
+        damage = folder.damage()  # named, then read around: the other files' rows are shown
+        for problem in damage:
+            print(f"warning: {' '.join(str(problem).splitlines())}", file=sys.stderr)
+        folder.skip(damage)
         inspect_folder(folder, Console(), n=args.n, where=where, rejects=args.rejects)
-    return 0
+    return EXIT_WRITE if damage else 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from factory.io.report import write_documents
+    from factory.io.report.folder import OutputFolder
 
     with _folder(args.out, write_back=True) as out:
+        OutputFolder(out).check()  # a report of the rows a damaged file still yields: no
         for path in write_documents(out, license_id=args.license):
             print(path.replace(out, args.out.rstrip("/"), 1))
     return 0
@@ -204,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entry() -> None:
     """The ``factory`` console script."""
     code = main()
-    if code == EXIT_INTERRUPTED:  # as `python -m factory.run`: skip Ray's at-exit teardown
+    from factory.engine import interrupts
+
+    # as `python -m factory.run`: after a signal, skip Ray's at-exit teardown
+    if code == EXIT_INTERRUPTED or interrupts.received():
         sys.stdout.flush()
         os._exit(code)
     raise SystemExit(code)

@@ -313,6 +313,14 @@ class LLMConfig(_Strict):
         "while calls were out: an endpoint that refuses connections or answers nothing. An "
         "endpoint silent for 20 s is named on the console before that. null: never stop.",
     )
+    stop_grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="When a run stops at once (Ctrl-C, SIGTERM, a failed write), the requests "
+        "already sent get this long to finish; their answers are stored, so the resume does "
+        "not pay them again (a provider bills a cancelled request's tokens too). No new "
+        "request starts meanwhile; a second Ctrl-C skips the wait. 0: cancel them at once.",
+    )
     serve: ServeConfig | None = Field(
         None,
         description="Start a vLLM pool for llm.model on the Ray cluster for this run "

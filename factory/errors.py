@@ -48,6 +48,7 @@ __all__ = [
     "LLMError",
     "LLMRateLimited",
     "LLMServerError",
+    "LLMStopped",
     "LLMTimeout",
     "LLMUnavailable",
     "OutputDamaged",
@@ -191,6 +192,15 @@ class LLMUnavailable(LLMError):
     so the row is ``unissued`` (a resume sends it), never ``failed``."""
 
     reason = "llm_unavailable"
+
+
+class LLMStopped(LLMUnavailable):
+    """The run stopped issuing calls (a cap, the target reached, an endpoint silent for
+    ``llm.stall_s``, an interrupt) while this request waited for its next attempt: the
+    row is ``unissued`` and a resume sends it, whatever its earlier attempts did. A row
+    is ``failed`` only once its own retries are spent; these were cut by the run."""
+
+    reason = "stopped"
 
 
 class LLMBadRequest(LLMError):

@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(prog).parse_args(argv)
     handlers = interrupts.install()
+    typed = interrupts.invocation(prog, sys.orig_argv, sys.argv[0] if sys.argv else "")
+    interrupts.set_resume_hint(interrupts.resume_command(argv, typed))
     setup_logging()  # console: factory messages at WARNING; OUT/logs/run.log: all at INFO
     server = None
     try:
@@ -172,17 +174,17 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
         return result.exit_code
     except KeyboardInterrupt as exc:
         # the signal our handler saw first: Ray's C++ wait may re-raise a bare interrupt
-        return _interrupted(interrupts.received() or interrupts.signal_name(exc), argv)
+        return _interrupted(interrupts.received() or interrupts.signal_name(exc), argv, typed)
     except FactoryError as exc:
         if interrupts.received():  # Ray torn down under us by the same Ctrl-C
-            return _interrupted(interrupts.received() or "SIGINT", argv)
+            return _interrupted(interrupts.received() or "SIGINT", argv, typed)
         return _print_error(str(exc), exc.exit_code, exc.details)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
     except Exception as exc:
         if interrupts.received():
-            return _interrupted(interrupts.received() or "SIGINT", argv)
+            return _interrupted(interrupts.received() or "SIGINT", argv, typed)
         expected = expected_error(exc)  # raised in a Ray task or actor: its one line
         if expected is not None:
             return _print_error(*expected)
@@ -256,12 +258,26 @@ def _preflight(cfg: Any, out_dir: Path | str, args: argparse.Namespace, *, devse
     return False
 
 
-def _interrupted(signame: str, argv: list[str]) -> int:
+def _interrupted(signame: str, argv: list[str], typed: list[str]) -> int:
     """The one line an interrupted run prints; the folder stays resumable (run.json
-    keeps status "running", the cache holds every stored response)."""
+    keeps status "running", the cache holds every stored response).
+
+    An interrupt after the run's data was complete (``interrupts.completed``: run.json
+    says ``done``) cut only what follows it (the report, Ray's shutdown): the run is
+    reported as done, exit 0, with what to run for the report."""
+    done = interrupts.completed()
+    if done is not None:
+        print(
+            f"{signame} after the run was complete: {done} holds the finished dataset "
+            f"(run.json: done); the run report may be missing: `factory report {done}` "
+            "writes it",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
     print(
         f"interrupted by {signame}: the output folder is resumable; to continue, run the "
-        f"same command: {interrupts.resume_command(argv)}",
+        f"same command: {interrupts.resume_command(argv, typed)}",
         file=sys.stderr,
         flush=True,
     )
@@ -305,7 +321,7 @@ def _start_devserver(defects: str) -> Any:
 
 if __name__ == "__main__":
     code = main()
-    if code == EXIT_INTERRUPTED:
+    if code == EXIT_INTERRUPTED or interrupts.received():
         # Skip Ray's at-exit teardown: after a Ctrl-C its head processes may already be
         # gone and the teardown then waits on them or aborts (exit 134). The head is
         # fate-shared with this process and the workers watch it (factory.engine.watchdog).

@@ -166,13 +166,17 @@ class Collector:
     def take_unstored(self, row: dict[str, Any]) -> None:
         """Keep a paid response the cache could not store, at once (before any other
         write can fail on the same full disk); the row itself counts as usual."""
+        from factory.engine.console import console
         from factory.io.runstate import save_unstored
 
         if not row.get("unstored"):
             return
         info = json.loads(row["unstored"])
         where = save_unstored(
-            self.out_dir, [(info["request_id"], info["record"])], cache_dir=self.cache_dir
+            self.out_dir,
+            [(info["request_id"], info["record"])],
+            cache_dir=self.cache_dir,
+            console=console(),  # the terminal: the run's stderr is its log, on that disk
         )
         self.unstored.append(info["request_id"])
         if where not in self.unstored_in:

@@ -39,7 +39,7 @@ from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult, Reorder
 from factory.engine.worker import NOT_NEEDED
 
-__all__ = ["Bar", "Health", "Job", "Planner", "Sink", "drive"]
+__all__ = ["Bar", "Health", "Job", "Planner", "Sink", "drive", "wind_down"]
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,40 @@ def drive(
         pool.resume()
         stop = None
     return stop or planner.stopped_by
+
+
+def wind_down(
+    pool: Pool,
+    sink: Sink,
+    reason: str,
+    grace_s: float,
+    *,
+    poll_s: float = POLL_S,
+    clock: Any = time.monotonic,
+) -> list[ItemResult]:
+    """After ``drive`` ended at once (an interrupt, a failed write): stop issuing and give
+    the requests already sent ``grace_s`` to finish; returns the results that came back.
+
+    Why: closing the pool cancels whatever is on the wire, and a provider bills the tokens
+    it generated before a cancel while the resume sends those requests again. A worker
+    stores each answer in the response cache before it returns it, so waiting is all it
+    takes to keep them; an answer the cache refused rides on its row and is kept here
+    (``Sink.arrived``: ``OUT/unstored/``), the rows themselves are not filed (the run is
+    not finishing). Items not sent yet come back at once, refused (``Pool.stop``). Best
+    effort: a pool that cannot answer (its Ray torn down by the same Ctrl-C) ends it.
+    """
+    came: list[ItemResult] = []
+    try:
+        pool.stop(reason)
+        deadline = clock() + grace_s
+        while pool.in_flight and (left := deadline - clock()) > 0:
+            results, _ = pool.poll(min(left, poll_s))
+            for result in results:
+                sink.arrived(result)
+            came.extend(results)
+    except Exception as exc:  # the interrupt or the failure in hand is what the run reports
+        log.info("winding down the workers failed: %s: %s", type(exc).__name__, exc)
+    return came
 
 
 def _hurry(

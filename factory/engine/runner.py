@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from factory.config import RecipeConfig
+from factory.engine import interrupts
 from factory.engine.console import (
     LOG_FILE,
     Bars,
@@ -31,19 +32,21 @@ from factory.engine.console import (
 from factory.engine.health import UNREACHABLE, EndpointWatch
 from factory.engine.jobs.amplify import batch_progress
 from factory.engine.ledger import Caps, Ledger
-from factory.engine.loop import drive
+from factory.engine.loop import drive, wind_down
 from factory.engine.pool import ActorPool
 from factory.engine.raycompat import ray_address
 from factory.engine.result import RunResult, new_manifest, write_manifest
 from factory.engine.settings import per_actor_concurrency
 from factory.engine.watchdog import Lifeline
-from factory.errors import OutputWriteError
+from factory.errors import FactoryError, OutputWriteError
 from factory.io.writer import atomic_write_text, prepare_conversion
 
 if TYPE_CHECKING:
     from factory.io.mirror import Mirror
 
 __all__ = ["RunResult", "run", "run_job"]
+
+log = logging.getLogger(__name__)
 
 
 def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
@@ -87,19 +90,27 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
                     progress=bars,
                     health=watch,
                 )
+            except BaseException as exc:
+                bars.close()
+                _let_in_flight_finish(cfg, pool, job, exc)
+                raise
             finally:
                 pool.close()
     finally:
         bars.close()
-    totals = write_manifest(
-        out_dir,
-        manifest,
-        ledger,
-        pipeline=job.pipeline,
-        sections=job.finish(ledger, stopped_by),
-        totals=getattr(job, "totals", None),
-        stages=getattr(job, "stages", None),
-    )
+    try:
+        totals = write_manifest(
+            out_dir,
+            manifest,
+            ledger,
+            pipeline=job.pipeline,
+            sections=job.finish(ledger, stopped_by),
+            totals=getattr(job, "totals", None),
+            stages=getattr(job, "stages", None),
+        )
+    except FactoryError as exc:  # the last shards or the manifest: a full disk, typically
+        _add_unstored_note(job, exc)
+        raise
     manifest_dict = manifest.to_dict(**totals)
     result = RunResult(
         out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
@@ -111,6 +122,46 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
     if stopped_by == UNREACHABLE and watch is not None:
         result.extra["stop_message"] = watch.message
     return result
+
+
+def _let_in_flight_finish(cfg: RecipeConfig, pool: ActorPool, job: Any, exc: BaseException) -> None:
+    """The loop ended at once (``exc``: an interrupt, a failed write): the requests on the
+    wire get ``llm.stop_grace_s`` to finish and be stored (``loop.wind_down``) before the
+    pool is closed. A second Ctrl-C meanwhile ends the process at once (``interrupts``).
+
+    Paid answers the cache refused, those that arrived while the run stopped included,
+    are kept (``OUT/unstored/``) and named under the error the run ends with (or on the
+    console after an interrupt): the job's own account of them (``job.error``)."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    grace = cfg.llm.stop_grace_s if cfg.llm is not None else 0.0
+    n = pool.in_flight
+    if interrupted and n and grace > 0:
+        print(
+            f"stopping: no new request; those in flight get up to {grace:g} s to finish "
+            "and be stored (llm.stop_grace_s; Ctrl-C again stops at once, and the resume "
+            "pays those again)",
+            file=console(),
+            flush=True,
+        )
+    came = wind_down(pool, job.sink, "interrupted" if interrupted else "error", grace)
+    log.info(
+        "stopped after %s: %d of %d items in flight came back in the grace",
+        type(exc).__name__,
+        len(came),
+        n,
+    )
+    if isinstance(exc, FactoryError):
+        _add_unstored_note(job, exc)
+    elif (note := job.error(None)) is not None:
+        print(f"note: {note}", file=console(), flush=True)
+
+
+def _add_unstored_note(job: Any, exc: FactoryError) -> None:
+    """Name the paid answers the cache refused, and where they are kept (the job's own
+    account of them: ``job.error``), under the error a run ends with."""
+    note = job.error(None)
+    if note is not None and note not in exc.details:
+        exc.details = (*exc.details, note)
 
 
 def caps_of(cfg: RecipeConfig) -> Caps:
@@ -278,10 +329,7 @@ def _run_locked(
             file=console(),
         )
     if mode == "done":
-        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
-        result = RunResult(out_dir, manifest.get("totals", {}), manifest)
-        result.extra["report"] = "already complete (use --retry-failed to retry failed calls)"
-        return result
+        return _already_complete(out_dir)
     with quiet_ray(out_dir) as log:  # Ray's own output goes to OUT/logs/run.log
         kept = f" (kept at {mirror.uri}/{LOG_FILE.as_posix()} at the end)" if mirror else ""
         print(f"log (Ray's messages, retries): {log}{kept}", file=console())
@@ -299,13 +347,39 @@ def _run_locked(
                 result.manifest["serve"] = served.report()
         _final_wall_time(out_dir, result)
         result.extra["mode"] = mode
+        interrupts.mark_complete(str(out_dir))  # once run.json says done, the run is done
         try:
             finish_run(cfg, out_dir, stopped_by=result.stopped_by)
         except OutputWriteError as exc:
             if result.error is None:
                 raise
             result.error += f"; and {exc}"  # the first failure says where the answers are
-        _write_documents(out_dir, result)
+        try:
+            _write_documents(out_dir, result)
+        except KeyboardInterrupt as exc:
+            if interrupts.completed() is None:
+                raise
+            name = interrupts.received() or interrupts.signal_name(exc)
+            result.extra["report"] = (
+                f"{name} after the run was complete: {out_dir} holds the finished dataset; "
+                f"the run report was not written (`factory report {out_dir}` writes it)"
+            )
+    return result
+
+
+def _already_complete(out_dir: Path) -> RunResult:
+    """A finished folder, checked against its checksums, that this command leaves alone:
+    its totals, and this process's own wall time (it only checked the folder)."""
+    manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+    started, label = run_clock()
+    took = manifest.get("wall_time_s")
+    manifest = {**manifest, "wall_time_from": label}
+    result = RunResult(out_dir, manifest.get("totals", {}), manifest)
+    result.wall_s = time.time() - started
+    earlier = f"; the run that wrote it took {float(took):.1f}s" if took is not None else ""
+    result.extra["report"] = (
+        f"already complete: nothing was run{earlier} (use --retry-failed to retry failed calls)"
+    )
     return result
 
 

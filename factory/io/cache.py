@@ -406,7 +406,15 @@ class ResponseCache:
     def _append(self, request_id: str, line: bytes) -> None:
         assert self._appender is not None and self._log is not None
         offset = self._appender.size
-        self._appender.write(line)
+        try:
+            self._appender.write(line)
+        except OSError:
+            # Part of the line may be in the log (a full disk takes what fits): the next
+            # put reopens it (``_start_writer``: its true size, a newline after a torn
+            # tail). Appending behind the torn bytes glued the next entry to them, and a
+            # put that had returned was unreadable (issue 33: answers paid again).
+            self._drop_appender()
+            raise
         self._appender.size += len(line)
         seg = self._log
         if seg.scanned == offset:
@@ -457,6 +465,13 @@ class ResponseCache:
         self._pending.clear()
         self._next_seq, self._stop = 0, threading.Event()
 
+    def _drop_appender(self) -> None:
+        """Close the log after a failed write; the next put opens it again."""
+        if self._appender is not None:
+            with contextlib.suppress(OSError):
+                self._appender.close()
+        self._appender, self._writing = None, False
+
     def _start_writer(self) -> None:
         if self._writing:
             return
@@ -465,7 +480,11 @@ class ResponseCache:
             self._appender = self._store.append(name)
             self._log = self._segment(name)
             if self._appender.size and not self._tail_is_newline(name, self._appender.size):
-                self._appender.write(b"\n")  # a crash tore our last line: end it, never glue
+                try:  # a crash or a full disk tore our last line: end it, never glue
+                    self._appender.write(b"\n")
+                except OSError:
+                    self._drop_appender()
+                    raise
                 self._appender.size += 1
             self._log.size = self._appender.size
             self._scan(self._log)
@@ -477,7 +496,7 @@ class ResponseCache:
             self._next_seq = max(seqs, default=-1) + 1
             interval = self._segment_interval
         self._writing = True
-        if interval > 0:
+        if interval > 0 and self._flusher is None:
             tick = min(max(interval / 4, 0.05), 1.0)
             self._flusher = threading.Thread(
                 target=self._flush_loop, args=(tick,), name="response-cache-flush", daemon=True

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow.parquet as pq
 
@@ -61,10 +61,12 @@ __all__ = [
     "batch_summary",
     "changed_keys",
     "changed_prompts",
+    "find_damage",
     "finish_run",
     "hold_output",
     "note_prompt_changes",
     "prepare_output",
+    "read_manifest",
     "release_room",
     "reserve_room",
     "restore_unstored",
@@ -532,29 +534,54 @@ def verify_output(out_dir: Path, *, checksums: bool = False) -> dict[str, Any]:
         OutputWriteError: a listed file is missing, damaged (another checksum,
             unreadable) or has other rows, or an unlisted file sits among the shards.
     """
-    from factory.io.writer import file_sha256
+    manifest = read_manifest(out_dir)
+    for problem in find_damage(out_dir, manifest, checksums=checksums):
+        raise problem
+    return manifest
 
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """``OUT/manifest.json``.
+
+    Raises:
+        OutputDamaged: it is missing or not JSON.
+    """
     path = out_dir / "manifest.json"
     if not path.is_file():
         raise OutputDamaged(path, "missing at the end of the run")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise OutputDamaged(path, f"not a readable manifest ({exc})") from exc
+    return manifest
+
+
+def find_damage(
+    out_dir: Path, manifest: Mapping[str, Any], *, checksums: bool = False
+) -> Iterator[OutputDamaged]:
+    """Each file that is not what ``manifest`` says (missing, another checksum when
+    ``checksums``, unreadable, other rows), then each unlisted file among the shards:
+    the run stops at the first (``verify_output``), ``factory inspect`` names them all
+    and shows the rest."""
+    from factory.io.writer import file_sha256
+
     listed: dict[str, int] = manifest.get("files") or {}
     sums: dict[str, str] = manifest.get("checksums") or {}
     for rel, rows in listed.items():
         file = out_dir / rel
         if not file.is_file():
-            raise OutputDamaged(file, "listed in the manifest but not on disk")
+            yield OutputDamaged(file, "listed in the manifest but not on disk")
+            continue
         if checksums and rel in sums and file_sha256(file) != sums[rel]:
-            raise OutputDamaged(file, "damaged: its SHA-256 is not the manifest's")
+            yield OutputDamaged(file, "damaged: its SHA-256 is not the manifest's")
+            continue
         try:
             found = _rows_in(file)
         except Exception as exc:  # a torn Parquet footer, or any reader error
-            raise OutputDamaged(file, f"unreadable ({type(exc).__name__}: {exc})") from exc
+            yield OutputDamaged(file, f"unreadable ({type(exc).__name__}: {exc})")
+            continue
         if found != rows:
-            raise OutputDamaged(file, f"holds {found} rows, the manifest says {rows}")
+            yield OutputDamaged(file, f"holds {found} rows, the manifest says {rows}")
     for sub in LISTED_DIRS:
         folder = out_dir / sub
         if not folder.is_dir():
@@ -562,8 +589,7 @@ def verify_output(out_dir: Path, *, checksums: bool = False) -> dict[str, Any]:
         for file in sorted(folder.rglob("*")):
             rel = file.relative_to(out_dir).as_posix()
             if file.is_file() and rel not in listed:
-                raise OutputDamaged(file, "on disk but not written by this run")
-    return manifest
+                yield OutputDamaged(file, "on disk but not written by this run")
 
 
 # -- paid responses the cache could not store -----------------------------------------------
@@ -621,26 +647,49 @@ def release_room(out_dir: Path) -> None:
         folder.rmdir()
 
 
+RESERVE_SLACK = 16 << 10  # given back beyond the answers' bytes: blocks, the temp file
+
+
 def _write_unstored(folder: Path, name: str, data: bytes, out_dir: Path) -> None:
-    try:
-        atomic_write_text(folder / name, data.decode(), out_dir)
-    except OutputWriteError:
-        reserve = folder / RESERVE_FILE
-        if not reserve.is_file():
-            raise
-        reserve.unlink()  # the room set aside for exactly this: take it
-        atomic_write_text(folder / name, data.decode(), out_dir)
+    """Write one file of paid answers; on a full disk, give back as much of the reserved
+    room (``reserve_room``) as it takes, never all of it at once.
+
+    Why not the whole reserve: answers keep arriving while a run on a full disk stops
+    (the requests in flight finish); when the first of them took all the room, the next
+    found none and went to the console, under a run's redirected standard error: into
+    ``OUT/logs/run.log`` on the same full disk (issue 33: 2 paid answers lost).
+    """
+    reserve = folder / RESERVE_FILE
+    need = len(data) + RESERVE_SLACK
+    while True:
+        try:
+            atomic_write_text(folder / name, data.decode(), out_dir)
+            return
+        except OutputWriteError:
+            if not reserve.is_file():
+                raise
+        size = reserve.stat().st_size
+        if size > need:
+            os.truncate(reserve, size - need)  # the room set aside for exactly this
+            need *= 2  # another writer on the volume took it first: give back more
+        else:
+            reserve.unlink()
 
 
 def save_unstored(
-    out_dir: Path, entries: list[tuple[str, dict[str, Any]]], cache_dir: Path | None = None
+    out_dir: Path,
+    entries: list[tuple[str, dict[str, Any]]],
+    cache_dir: Path | None = None,
+    console: IO[str] | None = None,
 ) -> str:
     """Keep paid responses the cache refused, in the cache's line format; returns where.
 
-    Tried in order: ``OUT/unstored/`` (its reserved room taken if the disk is full:
+    Tried in order: ``OUT/unstored/`` (its reserved room used if the disk is full:
     ``reserve_room``), the cache's own folder (``CACHE/unstored/``, when the cache lives
-    elsewhere), and as a last resort the console (stderr): never a temporary folder a
-    resume would not read. The next run stores them in the cache before anything else.
+    elsewhere), and as a last resort ``console`` (default stderr; a run passes the
+    terminal, since its stderr goes to ``OUT/logs/run.log``, on the disk that is full):
+    never a temporary folder a resume would not read. The next run stores them in the
+    cache before anything else.
     """
     from factory.io.cache import encode_line
 
@@ -665,12 +714,14 @@ def save_unstored(
             return str(folder) + "/"
         except (OutputWriteError, OSError) as exc:
             errors.append(str(exc))
-    sys.stderr.write(
+    out = console or sys.stderr
+    out.write(
         "factory: paid responses that could not be written anywhere follow, in the cache's "
         f"line format ({'; '.join(errors)}); save them into {out_dir / UNSTORED_DIR}/ as a "
         ".jsonl file and the next run stores them in the cache\n"
     )
-    sys.stderr.write(data.decode())
+    out.write(data.decode())
+    out.flush()
     return "stderr (no folder could be written: " + "; ".join(errors) + ")"
 
 

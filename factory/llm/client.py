@@ -34,6 +34,7 @@ from factory.errors import (
     LLMError,
     LLMRateLimited,
     LLMServerError,
+    LLMStopped,
     LLMTimeout,
     LLMUnavailable,
 )
@@ -361,7 +362,12 @@ class LLMClient:
             )
         except LLMError as caught:
             err = caught
-            if isinstance(err, LLMUnavailable) and sent and last_error:
+            if isinstance(err, LLMStopped) and sent and last_error:
+                err.args = (  # the run cut its retries: unissued, its last failure named
+                    f"{err}; {sent} attempt{'s' if sent > 1 else ''} sent, the last: "
+                    f"{last_error[0].describe()}",
+                )
+            elif isinstance(err, LLMUnavailable) and sent and last_error:
                 err = last_error[0]  # sent and failed, then no endpoint: the real failure
             self._totals["calls"] += 1
             self._totals["failed"] += 1

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from factory.engine.runner import run
-from tests.helpers import dev_overrides, recipe
+from tests.helpers import dev_overrides, read_jsonl, recipe
 
 pytestmark = pytest.mark.ray
 
@@ -132,3 +132,11 @@ def test_an_endpoint_that_dies_mid_run_is_named_then_the_run_stops_with_exit_8(
     assert "no LLM call succeeded" in text and "llm.stall_s" in text
     assert lines[-1][0] - died[0] <= 25 + 30  # stall_s after the death, not the deadlines
     assert json.loads((out / "run.json").read_text())["status"] == "stopped"
+    # The rows waiting to retry when the run stopped end unissued (a resume sends them),
+    # as docs/reliability.md says; on main 046b88e they ended failed (llm_server_error
+    # x69 here), which a resume never sends. Failed: only a row that used every attempt.
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["unissued_by_stage"]["amplify"] > 0, manifest
+    failed = read_jsonl(out / "failed")
+    assert len(failed) == manifest["totals"]["failed"]
+    assert all(row["attempts"] == 6 for row in failed), failed  # the recipe's max_attempts

@@ -60,6 +60,36 @@ def test_loss_reason_names_what_is_gone() -> None:
 def test_resume_command_repeats_the_arguments_but_never_fresh() -> None:
     cmd = resume_command(["airline.yaml", "--fresh", "--set", "amplify.target=5", "-o", "a b"])
     assert cmd == "python -m factory.run airline.yaml --set amplify.target=5 -o 'a b'"
+    typed = [".venv/bin/python", "-m", "factory.run"]
+    assert resume_command(["x.yaml", "--fresh"], typed) == ".venv/bin/python -m factory.run x.yaml"
+
+
+def test_the_resume_hint_starts_as_the_user_typed_the_command() -> None:
+    """Issue 39: a user of ``.venv/bin/python`` was told ``python -m factory.run ...``,
+    another interpreter in a fresh shell. The interpreter's path is kept as typed; the
+    console script is ``factory run`` when that is what PATH finds, else its path."""
+    from factory.engine.interrupts import invocation
+
+    module = "python -m factory.run"
+    venv = [".venv/bin/python", "-m", "factory.run", "airline.yaml", "-o", "out"]
+    assert invocation(module, venv, "/x/factory/run.py") == venv[:3]
+    options = ["/usr/bin/python3.11", "-u", "-m", "factory.run", "a.yaml"]
+    assert invocation(module, options, "/x/factory/run.py") == options[:4]
+    # `python -m factory run ...` (factory/__main__.py dispatches to `factory run`)
+    dispatched = ["py", "-m", "factory", "run", "a.yaml"]
+    assert invocation("factory run", dispatched, "/x/factory/__main__.py") == dispatched[:4]
+    script = ["/v/bin/python3", "/v/bin/factory", "run", "a.yaml"]
+    on_path = {"factory": "/v/bin/factory"}.get
+    assert invocation("factory run", script, "/v/bin/factory", on_path) == ["factory", "run"]
+    typed = ["/v/bin/python3", ".venv/bin/factory", "run", "a.yaml"]
+    elsewhere = {"factory": "/usr/local/bin/factory"}.get
+    assert invocation("factory run", typed, ".venv/bin/factory", elsewhere) == [
+        ".venv/bin/factory",
+        "run",
+    ]
+    # main() called by another program (a test): its own name for itself
+    pytest_argv = ["/v/bin/python", "-m", "pytest", "tests"]
+    assert invocation(module, pytest_argv, "/v/bin/pytest") == ["python", "-m", "factory.run"]
 
 
 def test_ray_address_is_local_unless_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,29 +137,41 @@ def test_a_stale_cluster_file_is_ignored_and_the_run_starts_its_own_ray(tmp_path
 # --- interrupts ------------------------------------------------------------------------
 
 
+def _requests(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(1800)  # three runs, two Ray start-ups: generous on a busy machine
 @pytest.mark.parametrize(
-    ("sig", "whole_group"),
-    [(signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["ctrl-c", "sigterm"],
+    ("sig", "whole_group", "twice"),
+    [(signal.SIGINT, True, False), (signal.SIGTERM, False, True)],
+    ids=["ctrl-c", "sigterm-twice"],
 )
 def test_an_interrupted_run_says_how_to_resume_and_resumes(
-    ray_session, devserver, tmp_path, sig: signal.Signals, whole_group: bool
+    ray_session, devserver, tmp_path, sig: signal.Signals, whole_group: bool, twice: bool
 ) -> None:
     """Ctrl-C reaches the terminal's whole foreground group (the driver and the Ray it
     started); SIGTERM (kill, systemd, docker stop) the driver alone. Either way: exit
-    130, one line saying how to resume, no traceback; the same command then finishes
-    with the dataset an uninterrupted run writes."""
+    130, one line saying how to resume (the command as typed, the interpreter's path
+    included), no traceback; the same command then finishes with the dataset an
+    uninterrupted run writes.
+
+    One signal: the requests in flight finish within ``llm.stop_grace_s`` and are
+    stored; none is cancelled (on main 046b88e the server logged 499 for 16 of them and
+    the resume sent them again). A second signal during that wait ends the run at once
+    and still says how to resume (on 046b88e: exit 130 and nothing printed)."""
     from factory.engine.runner import run
 
-    server = devserver(seed=21, latency_ms=40)
+    log = tmp_path / "requests.jsonl"
+    server = devserver(seed=21, latency_ms=1000, request_log=str(log))
     out_ref = tmp_path / "ref"
     run(
         recipe("airline.yaml", out_ref, *dev_overrides(server.url, target=80)),
         out_ref,
         progress=False,
     )
+    before = len(_requests(log))  # the reference run's requests
 
     out = tmp_path / "out"
     args = [sys.executable, "-m", "factory.run", "airline.yaml", "-o", str(out), "--no-progress"]
@@ -154,24 +196,87 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
             os.killpg(proc.pid, sig)
         else:
             os.kill(proc.pid, sig)
-        _, stderr = proc.communicate(timeout=120)  # a generous deadline, not a measure
+        seen = []
+        if twice:  # once the first is handled (the grace has begun), a second one
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                seen.append(line)
+                if line.startswith("stopping:"):
+                    break
+            os.kill(proc.pid, sig)
+        _, rest = proc.communicate(timeout=120)  # a generous deadline, not a measure
+        stderr = "".join(seen) + rest
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "core dumped" not in stderr.lower(), stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if line.startswith("interrupted by")]
-    assert len(lines) == 1, stderr[-3000:]
-    assert signal.Signals(sig).name in lines[0]
-    assert lines[0].endswith(resume_command(args[3:])), lines[0]
+    assert len([line for line in stderr.splitlines() if line.startswith("stopping:")]) == 1
+    first = "interrupted again" if twice else f"interrupted by {signal.Signals(sig).name}"
+    lines = [line for line in stderr.splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1 and lines[0].startswith(first), stderr[-3000:]
+    assert lines[0].endswith(resume_command(args[3:], args[:3])), lines[0]
     assert json.loads((out / "run.json").read_text())["status"] == "running"
     assert _cache_entries(out) >= stored_before
+    if not twice:  # every request sent was answered and stored: nothing to pay again
+        sent = _requests(log)[before:]
+        assert sent and all(r["completed"] for r in sent), [r for r in sent if not r["completed"]]
+        assert _cache_entries(out) == len(sent)
 
-    done = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    if twice:
+        done = subprocess.run(
+            args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    else:  # issue 39: a Ctrl-C once the data is complete does not make the run interrupted
+        done = _interrupt_once_done(args, out)
+        assert done.returncode == 0, done.stderr[-2000:]
+        said = done.stdout + done.stderr  # the summary, or the line after it
+        assert "interrupted by" not in said, said[-3000:]
+        assert f"SIGINT after the run was complete: {out} holds the finished" in said, said
+    assert json.loads((out / "run.json").read_text())["status"] == "done"
     assert _ids(out) == _ids(out_ref)
     assert json.loads((out / "manifest.json").read_text())["responses_from_cache"] > 0
+    paid = [r["request_id"] for r in _requests(log)[before:] if r["completed"]]
+    if not twice:
+        assert len(paid) == len(set(paid)), "an answered request was paid again"
+        return
+    # The same command on the finished folder: it runs nothing, and says so with the
+    # wall time of this process (on 046b88e: "wall time: 0.0s (since process start)").
+    again = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "already complete: nothing was run; the run that wrote it took" in again.stdout
+    wall = [line for line in again.stdout.splitlines() if line.startswith("wall time: ")]
+    assert len(wall) == 1 and float(wall[0].split()[2].rstrip("s")) > 0.0, again.stdout
+
+
+def _interrupt_once_done(args: list[str], out: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` and press Ctrl-C (the whole group) the moment run.json says done:
+    the report and Ray's shutdown (about 2 s) are still to come."""
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        state = out / "run.json"
+        while json.loads(state.read_text())["status"] != "done":
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.time() < deadline, "the resume did not finish"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 # --- docs/cluster.md's quick-start, for real ----------------------------------------------

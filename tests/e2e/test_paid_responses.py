@@ -275,23 +275,42 @@ def test_a_cache_on_a_full_disk_exits_7_naming_the_path_and_enospc(
 
 
 @pytest.mark.ray
-def test_a_full_output_disk_exits_7_naming_the_shard_not_internal_error(
+def test_a_full_output_disk_exits_7_naming_the_shard_and_keeps_every_paid_answer(
     ray_session, devserver, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server = devserver(seed=44, latency_ms=5)
-    with tiny_tmpfs(tmp_path / "full", size="96k") as full:
+    """The output folder and its cache on one volume that fills up mid-run (issue 33's
+    fault run: 2 answers that arrived while the run stopped were in neither the cache
+    nor ``OUT/unstored/``, and the resume paid them again). Every answer the server
+    completed is readable in the cache, kept in ``unstored/``, or (last resort) printed
+    on the terminal; the error is one line naming the file, and the kept answers are
+    counted under it."""
+    log = tmp_path / "requests.jsonl"
+    server = devserver(seed=44, latency_ms=20, request_log=str(log))
+    with tiny_tmpfs(tmp_path / "full", size="160k") as full:
+        out = full / "o"
         code = main(
             _cli(
                 server.url,
-                full / "o",
+                out,
                 "prefilter.enabled=false",
                 "amplify.target=200",
                 "output.shard_rows=20",
-                f"cache.path={tmp_path / 'cache'}",  # the cache has room: the shards do not
+                "llm.concurrency=8",
+                "llm.per_actor_concurrency=4",
             )
         )
         err = capsys.readouterr().err
+        with ResponseCache(out / "cache") as cache:
+            stored = {rid for rid in _completed(log) if cache.get(rid) is not None}
+        kept = {json.loads(line)["k"] for line in _unstored_lines(out)}
+    printed = {
+        json.loads(line)["k"] for line in err.splitlines() if line.startswith('{"c":')
+    }  # the last resort: the terminal, in the cache's line format
     assert code == EXIT_WRITE, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith("error: cannot write " + str(full / "o"))
+    assert len(errors) == 1 and str(out) in errors[0], err[-2000:]  # a shard, the cache ...
     assert "No space left on device" in err and "internal error" not in err
+    paid = set(_completed(log))
+    assert paid and paid - stored - kept - printed == set()  # every paid answer is somewhere
+    if kept or printed:
+        assert f"{len(kept | printed)} paid responses are counted" in err, err[-2000:]

@@ -389,3 +389,82 @@ def test_freeze_heap_takes_what_lives_now_out_of_the_collectors_view() -> None:
         assert len(gc.get_objects()) < 1000  # what a full collection still walks
     finally:
         gc.unfreeze()  # the test process goes on as it was
+
+
+class SlotLLM(Stage):
+    """A call that holds one of two slots for ``seconds``; the admission is read once a
+    slot is taken (as ``LLMStage.call`` does), so a stop refuses the rows still queued."""
+
+    name = "amplify"
+    requires = ("call_index",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.on_the_wire = 0
+        self._slots: asyncio.Semaphore | None = None
+
+    async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
+        self._slots = self._slots or asyncio.Semaphore(2)
+        async with self._slots:
+            why = self.admission() if self.admission else None
+            if why is not None:
+                row.update(status="unissued", stage=self.name, reason=why, llm_stage=self.name)
+                return row
+            self.on_the_wire += 1
+            await asyncio.sleep(self.seconds)
+            row.update(llm_stage=self.name, completion="c", output=f"row-{row['call_index']}")
+        return row
+
+
+def _two_on_the_wire(seconds: float) -> tuple[LocalPool, SlotLLM]:
+    import time
+
+    pool = LocalPool({"c": [(SlotLLM, (seconds,))]}, workers=1, capacity=8)
+    pool.submit([Item("calls", k, "c", {"call_index": k}, llm=True) for k in range(6)])
+    stage = pool.workers[0].chain("c")[0]
+    assert isinstance(stage, SlotLLM)
+    deadline = time.monotonic() + 30
+    while stage.on_the_wire < 2:  # a loaded machine takes its time to start them
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return pool, stage
+
+
+def test_winding_down_lets_the_calls_on_the_wire_finish_and_refuses_the_rest() -> None:
+    """Issue 33: Ctrl-C and SIGTERM closed the pool at once, cancelling the requests in
+    flight (a provider bills them; the resume sent them again). ``wind_down`` stops
+    issuing, waits for what is on the wire, and hands every result to the sink
+    (``Sink.arrived``: the answers the cache refused are kept)."""
+    from factory.engine.loop import wind_down
+
+    pool, stage = _two_on_the_wire(0.2)
+    arrived: list[ItemResult] = []
+    sink = type("S", (), {"arrived": lambda self, r: arrived.append(r)})()
+    try:
+        came = wind_down(pool, sink, "interrupted", grace_s=30.0, poll_s=0.01)
+        assert pool.in_flight == 0
+    finally:
+        pool.close()
+    rows = [row for result in came for row in result.rows]
+    assert sorted(r["output"] for r in rows if r.get("completion")) == ["row-0", "row-1"]
+    refused = [r for r in rows if r["status"] == "unissued"]
+    assert len(refused) == 4 and {r["reason"] for r in refused} == {"interrupted"}
+    assert arrived == came and stage.on_the_wire == 2
+
+
+def test_winding_down_waits_no_longer_than_its_grace() -> None:
+    import time
+
+    from factory.engine.loop import wind_down
+
+    pool, _ = _two_on_the_wire(600.0)
+    sink = type("S", (), {"arrived": lambda self, r: None})()
+    try:
+        started = time.monotonic()
+        wind_down(pool, sink, "interrupted", grace_s=0.2, poll_s=0.01)
+        assert time.monotonic() - started < 60  # the grace, never the calls' 600 s
+        # two on the wire, four queued behind their slots: the close that follows cuts
+        # them, and the resume sends them
+        assert pool.in_flight == 6
+    finally:
+        pool.close()

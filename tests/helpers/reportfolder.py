@@ -82,7 +82,8 @@ def make_folder(out: Path, *, rows: int = 12, extra: dict[str, Any] | None = Non
     rejects.close()
     write_dataset_info(out, "factory_test")
     manifest = Manifest(recipe="airline-test", config_hash="abc123")
-    manifest.files.update({**data.files, **rejects.files})
+    manifest.add_files(data)  # rows and checksums, as a run lists them
+    manifest.add_files(rejects)
     manifest.stages = {"export": {"accepted": rows}, "postprocess": {"rejected": 3}}
     manifest.reason("postprocess", "malformed_json", 2)
     manifest.reason("postprocess", "unknown_tool", 1)

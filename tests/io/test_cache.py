@@ -248,6 +248,42 @@ def test_torn_or_corrupted_tail_is_ignored(tmp_path: Path, opened, tail: str) ->
     assert later.stats.pending_bytes == 0
 
 
+def test_a_put_after_a_write_torn_by_a_full_disk_is_readable(
+    tmp_path: Path, opened, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk takes part of a line, then refuses the rest (ENOSPC): that put fails.
+    The next put that succeeds must not be glued onto the torn bytes (issue 33: a put
+    that had returned was unreadable, its answer paid again by the resume)."""
+    import errno
+
+    import factory.io.segments as segments
+
+    real_write = os.write
+    fail = {"armed": False}
+
+    def full_disk_write(fd: int, data: Any) -> int:
+        if fail["armed"]:
+            if fail.get("written"):
+                fail["armed"] = False
+                raise OSError(errno.ENOSPC, "No space left on device")
+            fail["written"] = True
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(segments.os, "write", full_disk_write)
+    writer = opened(tmp_path, writer_id="w")
+    writer.put(rid(0), record(0))
+    fail["armed"] = True
+    with pytest.raises(OSError):
+        writer.put(rid(1), record(1))
+    writer.put(rid(2), record(2))  # the disk has room again
+    assert writer.get(rid(2)) == record(2)
+    writer.close()
+    reader = opened(tmp_path)
+    assert [reader.get(rid(i)) for i in range(3)] == [record(0), None, record(2)]
+    assert reader.stats.torn == 1
+
+
 def test_garbage_inside_an_object_segment_spares_the_other_lines(opened) -> None:
     fs, root = memory_fs(), f"/{uuid.uuid4().hex}"
     lines = [encode_line(rid(i), record(i)) for i in range(3)]

@@ -133,8 +133,49 @@ def test_room_is_reserved_for_paid_answers_and_taken_when_the_disk_is_full(
 
     monkeypatch.setattr(runstate, "atomic_write_text", full_once)
     where = save_unstored(out, [("amplify-1", {"text": "paid"})])
-    assert where == str(out / UNSTORED_DIR) + "/" and not reserve.exists()
+    assert where == str(out / UNSTORED_DIR) + "/"
     assert len(list((out / UNSTORED_DIR).glob("*.jsonl"))) == 1
+    assert 0 < reserve.stat().st_size < 1 << 16  # what it took, the rest kept for later
+
+
+def test_answers_arriving_while_a_run_stops_on_a_full_disk_each_find_reserved_room(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 33: the first answer the cache refused took the whole reserve, another
+    writer on the volume (the cache, a shard) filled the freed room, and the answers that
+    arrived while the run stopped found none: they went to the run's stderr, which is its
+    log on the same full disk, and were paid again. Each takes only what it needs now."""
+    import io
+
+    from factory.errors import OutputWriteError
+    from factory.io import runstate
+    from factory.io.runstate import RESERVE_FILE, UNSTORED_DIR, reserve_room, save_unstored
+
+    out = tmp_path / "o"
+    size = 1 << 20
+    assert reserve_room(out, size=size)
+    reserve = out / UNSTORED_DIR / RESERVE_FILE
+    disk = {"used": 0}  # bytes of the room the reserve gave back that are taken
+
+    def given_back() -> int:
+        return size - (reserve.stat().st_size if reserve.exists() else 0)
+
+    def full_disk(path, text, base=None):  # only the room the reserve gave back is free
+        if disk["used"] + len(text) > given_back():
+            raise OutputWriteError(path, OSError(28, "No space left on device"))
+        disk["used"] += len(text)
+        Path(path).write_text(text)
+
+    monkeypatch.setattr(runstate, "atomic_write_text", full_disk)
+    for i in range(8):
+        terminal = io.StringIO()
+        record = {"text": f"paid answer {i} " + "x" * 5000}
+        where = save_unstored(out, [(f"amplify-{i}", record)], console=terminal)
+        assert where == str(out / UNSTORED_DIR) + "/", (i, where)
+        assert terminal.getvalue() == ""
+        disk["used"] = given_back()  # another writer on the volume takes what is left
+    assert len(list((out / UNSTORED_DIR).glob("*.jsonl"))) == 8
+    assert reserve.is_file()
 
 
 def test_the_reserve_goes_when_a_run_ends_and_comes_back_with_the_next(tmp_path) -> None:

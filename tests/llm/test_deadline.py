@@ -294,6 +294,42 @@ def test_unavailable_rows_are_unissued_not_failed() -> None:
     assert row["status"] == UNISSUED and row["reason"] == "llm_unavailable"
 
 
+def test_a_row_whose_retries_the_run_cut_is_unissued_one_whose_retries_ran_out_is_failed() -> None:
+    """Issue 33: an endpoint dies, the run stops (``unreachable``) while rows wait to
+    retry; they ended ``failed`` (``llm_server_error``), so the resume never sent them.
+    A row whose attempts were cut by the stop is ``unissued`` (the resume sends it; its
+    attempts count as calls and its last failure is named); a row that used all of its
+    attempts before the stop is ``failed``."""
+    from factory.engine.stages.base import FAILED, UNISSUED, make_row
+    from factory.engine.stages.llm_stage import record_failure
+
+    class StopOnSecondWait(Sleep):
+        async def __call__(self, delay: float) -> None:
+            await super().__call__(delay)
+            if len(self.delays) >= 2:  # the driver stopped while this row slept
+                raise errors.LLMStopped("not tried again: the run stopped (unreachable)")
+
+    clock = Clock()
+    sdk = ScriptedSDK(LLMServerError("connection refused"))
+    cut = client(sdk, attempts=6, threshold=100, clock=clock, sleep=StopOnSecondWait(clock))
+    with pytest.raises(errors.LLMStopped) as info:
+        complete(cut, "cut")
+    assert info.value.attempts == 2 and sdk.calls == 2  # type: ignore[attr-defined]
+    row = make_row()
+    info.value.reason = "unreachable"  # what the stage's pause sets: the stop's name
+    record_failure(row, "amplify", info.value)
+    assert row["status"] == UNISSUED and row["reason"] == "unreachable"
+    assert row["calls"] == 1 and "connection refused" in row["message"]
+
+    spent = ScriptedSDK(LLMServerError("connection refused"))
+    with pytest.raises(LLMServerError) as failed:
+        complete(client(spent, attempts=3, threshold=100), "spent")
+    row = make_row()
+    record_failure(row, "amplify", failed.value)
+    assert row["status"] == FAILED and row["reason"] == "llm_server_error"
+    assert spent.calls == 3
+
+
 # ------------------------------------------------------------------ retries summarised
 
 

@@ -30,8 +30,8 @@ from factory.core.trajectory import IdentityMemo, canonical_json
 from factory.engine import watchdog
 from factory.engine.prompts import estimate_tokens
 from factory.engine.settings import LLMStageSettings
-from factory.engine.stages.base import HURRY, NOT_NEEDED, UNISSUED, Stage, fail
-from factory.errors import ConfigError, LLMError, LLMUnavailable, describe_os_error
+from factory.engine.stages.base import HURRY, UNISSUED, Stage, fail
+from factory.errors import ConfigError, LLMError, LLMStopped, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.io.runstate import BatchJournal
 from factory.llm import Completion
@@ -246,7 +246,8 @@ def record_failure(row: dict[str, Any], stage: str, exc: LLMError) -> None:
     row["attempts"] = getattr(exc, "attempts", None)
     row["llm_stage"] = stage
     add_retries(row, getattr(exc, "retries", None))
-    if isinstance(exc, LLMUnavailable):
+    if isinstance(exc, LLMUnavailable):  # never sent, or its retries cut by a stop
+        row["calls"] = (row.get("calls") or 0) + int(bool(getattr(exc, "attempts", 0)))
         row.update(status=UNISSUED, stage=stage, reason=exc.reason, message=exc.describe())
     else:
         row["calls"] = (row.get("calls") or 0) + int(bool(getattr(exc, "attempts", 0)))
@@ -257,10 +258,18 @@ def refuse(row: dict[str, Any], stage: str, why: str) -> None:
     """Mark a row whose request was never sent: ``unissued`` with the stop's reason
     (a cap's name becomes reason ``budget``)."""
     if why in CAPS:
-        reason, message = "budget", f"a budget cap ({why}) was reached before this call started"
+        message = f"a budget cap ({why}) was reached before this call started"
     else:
-        reason, message = why, f"not sent: the run stopped issuing calls ({why})"
-    row.update(status=UNISSUED, stage=stage, reason=reason, message=message, llm_stage=stage)
+        message = f"not sent: the run stopped issuing calls ({why})"
+    row.update(
+        status=UNISSUED, stage=stage, reason=stop_reason(why), message=message, llm_stage=stage
+    )
+
+
+def stop_reason(why: str) -> str:
+    """The reason an ``unissued`` row carries for a stop: ``budget`` for any cap, else the
+    stop's own name (``unreachable``, ``cache_write``, ``interrupted`` ...)."""
+    return "budget" if why in CAPS else why
 
 
 class _Slot:
@@ -313,7 +322,7 @@ async def _pause(delay: float) -> None:
 
     Raises:
         Interrupted: the driver is gone.
-        LLMUnavailable: the driver stopped issuing (a cap, the target reached, no endpoint
+        LLMStopped: the driver stopped issuing (a cap, the target reached, no endpoint
             answering): the row is ``unissued`` and a resume sends it again.
     """
     halt = _ROW_HALT.get()
@@ -336,9 +345,8 @@ async def _pause(delay: float) -> None:
     watchdog.check()
     why = halt.reason() if halt is not None else None
     if why is not None:
-        error = LLMUnavailable(f"not tried again: the run stopped issuing calls ({why})")
-        if why == NOT_NEEDED:  # the run has its rows: this one vanishes, uncounted
-            error.reason = NOT_NEEDED
+        error = LLMStopped(f"not tried again: the run stopped issuing calls ({why})")
+        error.reason = stop_reason(why)  # NOT_NEEDED: the row vanishes, uncounted
         raise error
 
 

@@ -16,12 +16,17 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from factory.errors import ConfigError
+from factory.errors import ConfigError, OutputDamaged
+from factory.io.runstate import find_damage, read_manifest
 
 __all__ = ["OutputFolder", "Where", "meta_keys", "parse_where", "reservoir", "unknown_keys"]
 
 DATA_DIR = "data"
 REJECT_DIRS = ("rejects", "failed")
+REBUILD_HINT = (
+    "run the command that wrote this folder again: it rebuilds the file from the response "
+    "cache (nothing is paid twice)"
+)
 
 
 @dataclass(frozen=True)
@@ -130,11 +135,38 @@ class OutputFolder:
                 f"{self.path} holds no manifest.json: not the output folder of a finished "
                 "run (run `factory run RECIPE -o FOLDER` first)"
             )
-        self.manifest: dict[str, Any] = json.loads(manifest.read_text(encoding="utf-8"))
+        self.manifest: dict[str, Any] = read_manifest(self.path)
         state = self.path / "run.json"
         self.state: dict[str, Any] = (
             json.loads(state.read_text(encoding="utf-8")) if state.is_file() else {}
         )
+        self.skipped: set[Path] = set()  # damaged files the readers pass over (``skip``)
+
+    # -- is it what the manifest says? -------------------------------------------------------
+    def damage(self) -> list[OutputDamaged]:
+        """The files that are not what the manifest says (SHA-256, rows, missing,
+        unlisted), each naming its path and what is wrong, with what mends it.
+
+        Why the checksums: a shard with flipped bytes keeps its row count and its footer,
+        so it reads until the page that is damaged (``OSError: ZSTD decompression
+        failed``); the run checks the same before it says "already complete"."""
+        return [
+            OutputDamaged(d.path, d.problem, hint=REBUILD_HINT)
+            for d in find_damage(self.path, self.manifest, checksums=True)
+        ]
+
+    def check(self) -> None:
+        """Raise the first damage (``damage``).
+
+        Raises:
+            OutputDamaged: a file is not what the manifest says (exit code 7).
+        """
+        for problem in self.damage():
+            raise problem
+
+    def skip(self, problems: Iterable[OutputDamaged]) -> None:
+        """Read around these damaged files (``rows`` and ``rejects`` pass over them)."""
+        self.skipped.update(Path(p.path) for p in problems)
 
     # -- what is there ---------------------------------------------------------------------
     def data_files(self) -> list[Path]:
@@ -143,7 +175,9 @@ class OutputFolder:
         return [
             self.path / rel
             for rel in sorted(listed)
-            if rel.startswith(f"{DATA_DIR}/") and rel.endswith(".parquet")
+            if rel.startswith(f"{DATA_DIR}/")
+            and rel.endswith(".parquet")
+            and self.path / rel not in self.skipped
         ]
 
     def reject_files(self) -> list[Path]:
@@ -151,7 +185,9 @@ class OutputFolder:
         return [
             self.path / rel
             for rel in sorted(listed)
-            if rel.split("/", 1)[0] in REJECT_DIRS and rel.endswith(".jsonl")
+            if rel.split("/", 1)[0] in REJECT_DIRS
+            and rel.endswith(".jsonl")
+            and self.path / rel not in self.skipped
         ]
 
     @property

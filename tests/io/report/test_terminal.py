@@ -90,3 +90,46 @@ def test_labels_are_never_cut_in_a_narrow_terminal(tmp_path: Path) -> None:
     for label in ("seed_id=seed-0", "variation=0", "outcome=refused", "group=Failure",
                   "arg_cardinality=1", "calls=1"):  # fmt: skip
         assert label in text.replace("│ ", "").replace(" │", ""), label
+
+
+def _damage(out: Path, shard: str = "data/part-00001.parquet") -> Path:
+    """Flip bytes in the middle of a shard: its footer and row count stay, a page breaks."""
+    path = out / shard
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_damaged_shard_is_named_in_one_line_and_the_others_are_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33: ``inspect --where`` and ``report`` on a folder with a damaged shard ended
+    in a 28-line ``OSError: ZSTD decompression failed`` traceback (exit 1), and
+    ``inspect --n 2`` showed the intact shard's rows without a word about the other. They
+    check the manifest's checksums first, as a run does: ``inspect`` names the file and
+    shows the rows of the others (exit 7), ``report`` refuses in one line (exit 7)."""
+    from factory.errors import EXIT_WRITE
+
+    out = make_folder(tmp_path / "o")  # 12 rows in shards of 5: 0-4, 5-9, 10-11
+    damaged = _damage(out)
+    assert main(["inspect", str(out), "--n", "2"]) == EXIT_WRITE
+    captured = capsys.readouterr()
+    warnings = captured.err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {damaged}: damaged")
+    assert "row-000" in captured.out and "row-001" in captured.out
+    assert main(["inspect", str(out), "--n", "50", "--where", "outcome=refused"]) == EXIT_WRITE
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and str(damaged) in captured.err
+    shown = {f"row-{i:03d}" for i in range(12) if f"row-{i:03d}" in captured.out}
+    assert shown == {"row-000", "row-003"}  # the refused rows (0, 3, 6, 9) outside rows 5-9
+    assert main(["report", str(out)]) == EXIT_WRITE
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {damaged}: damaged"), err
+    assert "rebuilds the file from the response cache" in err[0]
+    assert not (out / "report.html").exists()
+    (out / "data" / "part-00002.parquet").unlink()
+    assert main(["inspect", str(out), "--n", "1"]) == EXIT_WRITE
+    err = capsys.readouterr().err
+    assert "part-00002.parquet: listed in the manifest but not on disk" in err
