@@ -234,7 +234,11 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
         assert done.returncode == 0, done.stderr[-2000:]
         said = done.stdout + done.stderr  # the summary, or the line after it
         assert "interrupted by" not in said, said[-3000:]
-        assert f"SIGINT after the run was complete: {out} holds the finished" in said, said
+        # Where the signal landed: in the report or Ray's shutdown (the summary says so),
+        # in the summary's print (the line after it), or, on a machine loaded enough to
+        # delay this test's Ctrl-C that long, after the summary with its report was out.
+        cut = f"SIGINT after the run was complete: {out} holds the finished" in said
+        assert cut or "\nreport: " in done.stdout, said[-3000:]
     assert json.loads((out / "run.json").read_text())["status"] == "done"
     assert _ids(out) == _ids(out_ref)
     assert json.loads((out / "manifest.json").read_text())["responses_from_cache"] > 0
