@@ -150,13 +150,15 @@ def test_release_deletes_the_lease_only_while_it_is_ours() -> None:
 def test_conditional_writes_of_a_real_s3_server_take_and_take_over_the_lease() -> None:
     bucket = s3.new_bucket()
     store = S3Store(f"s3://{bucket}/out", s3.client())
-    first = Lease(store, ttl_s=1)
+    # 3 s, not 1: HTTP dates have whole seconds, so a 1 s lease could read as expired at
+    # once on a loaded machine (seen in CI: the second acquire took it over).
+    first = Lease(store, ttl_s=3)
     assert first.acquire() is None
     with pytest.raises(OutputLocked, match="in use by another run"):
         Lease(S3Store(f"s3://{bucket}/out", s3.client()), ttl_s=60).acquire()
     # First-run expiry on the server's clock (Last-Modified has whole seconds).
     deadline = time.time() + 30
-    while not is_expired(store.get(LEASE_FILE).modified, 1, store.get(LEASE_FILE).server_now):
+    while not is_expired(store.get(LEASE_FILE).modified, 3, store.get(LEASE_FILE).server_now):
         assert time.time() < deadline
         time.sleep(0.2)
     second = Lease(S3Store(f"s3://{bucket}/out", s3.client()), ttl_s=60)

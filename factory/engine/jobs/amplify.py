@@ -268,6 +268,8 @@ class AmplifyPlanner:
             if self.seeds_read_all and self.seeds_used == self.seeds_issued:
                 self._seeds_done()
             return
+        if result.cancelled:  # never started, or its retries cut once the target was met:
+            return  # it counts nowhere, as if it had not been issued (``ItemResult``)
         self.calls_used += 1
         if self.collector.accepted > self._accepted_before:
             self._streak = 0
