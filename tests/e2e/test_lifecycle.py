@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from factory.bench.nodes import cache_entries
 from factory.engine.interrupts import resume_command
 from factory.engine.raycompat import ray_address
 from factory.engine.watchdog import DriverWatch, loss_reason
@@ -27,13 +28,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.update(extra)
     return env
-
-
-def _cache_entries(out: Path) -> int:
-    folder = out / "cache"
-    if not folder.is_dir():
-        return 0
-    return sum(len(p.read_bytes().splitlines()) for p in folder.glob("*.jsonl"))
 
 
 def _ids(out: Path) -> set[str]:
@@ -187,11 +181,11 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
     )
     try:
         deadline = time.time() + 300
-        while _cache_entries(out) < 50:  # judge done, amplification under way
+        while cache_entries(out) < 50:  # judge done, amplification under way
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.time() < deadline, "the run made no progress"
             time.sleep(0.05)
-        stored_before = _cache_entries(out)
+        stored_before = cache_entries(out)
         if whole_group:
             os.killpg(proc.pid, sig)
         else:
@@ -218,11 +212,11 @@ def test_an_interrupted_run_says_how_to_resume_and_resumes(
     assert len(lines) == 1 and lines[0].startswith(first), stderr[-3000:]
     assert lines[0].endswith(resume_command(args[3:], args[:3])), lines[0]
     assert json.loads((out / "run.json").read_text())["status"] == "running"
-    assert _cache_entries(out) >= stored_before
+    assert cache_entries(out) >= stored_before
     if not twice:  # every request sent was answered and stored: nothing to pay again
         sent = _requests(log)[before:]
         assert sent and all(r["completed"] for r in sent), [r for r in sent if not r["completed"]]
-        assert _cache_entries(out) == len(sent)
+        assert cache_entries(out) == len(sent)
 
     if twice:
         done = subprocess.run(

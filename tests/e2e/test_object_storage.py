@@ -37,7 +37,7 @@ from factory.io.lease import LEASE_FILE, is_expired
 from factory.io.objectstore import S3Store
 from tests.conftest import ROOT
 from tests.e2e.test_output_folder import paused
-from tests.helpers import cli_args, dev_overrides, s3
+from tests.helpers import cli_args, dev_overrides, ray_log_files, s3
 
 pytestmark = pytest.mark.ray
 
@@ -271,13 +271,9 @@ def test_credentials_never_reach_outputs_logs_or_rays_job_records(
 
 def _scan_ray_logs(secrets: list[str]) -> tuple[list[str], int]:
     """The Ray session's log files (workers, raylet, GCS) searched for each credential."""
-    root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
+    files = ray_log_files()
     hits: list[str] = []
-    scanned = 0
-    for logs in root.glob("session_*/logs"):
-        for path in logs.rglob("*"):
-            if path.is_file():
-                scanned += 1
-                data = path.read_bytes()
-                hits += [f"{path}: {s[:6]}..." for s in secrets if s.encode() in data]
-    return hits, scanned
+    for path in files:
+        data = path.read_bytes()
+        hits += [f"{path}: {s[:6]}..." for s in secrets if s.encode() in data]
+    return hits, len(files)

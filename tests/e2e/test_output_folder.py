@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from factory.bench.nodes import cache_entries
 from factory.errors import EXIT_LOCKED
 from factory.io.runstate import prepare_output
 from tests.conftest import ROOT
@@ -235,10 +236,6 @@ def _completed_twice(log: Path) -> list[str]:
     return [h for h, n in seen.items() if n > 1]
 
 
-def _cache_entries(out: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in (out / "cache").glob("*.jsonl"))
-
-
 @contextlib.contextmanager
 def paused(server: Any) -> Iterator[None]:
     """Hold every generation slot of an in-process devserver: requests queue (as on a
@@ -322,7 +319,7 @@ def test_raising_the_target_of_a_finished_run_continues_it_paying_only_for_new_r
     )
     assert first.totals["accepted"] == 20 and first.exit_code == 0
     assert first.manifest["calls"]["issued"] > 20  # malformed answers: more calls than rows
-    paid_first = _cache_entries(out)
+    paid_first = cache_entries(out)
 
     more = run(
         recipe("airline.yaml", out, *dev_overrides(server.url, target=45)), out, progress=False
@@ -350,7 +347,7 @@ def test_fresh_keeps_the_paid_cache_unless_asked_to_drop_it(
     out = tmp_path / "o"
     cfg = recipe("airline.yaml", out, *dev_overrides(server.url, target=12))
     run(cfg, out, progress=False)
-    paid = _cache_entries(out)
+    paid = cache_entries(out)
     requests = len(_completed(log))
 
     caplog.set_level(logging.INFO, logger="factory.io.runstate")

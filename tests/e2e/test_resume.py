@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from factory.bench.nodes import cache_entries
 from factory.engine.runner import run
 from tests.helpers import cli_args, dev_overrides, read_rows, recipe
 
@@ -164,14 +165,6 @@ def test_fault_storm_finishes_and_accounts_for_every_call(ray_session, devserver
     assert result.manifest["reasons"]["postprocess"].get("unparsable_completion", 0) > 0
 
 
-def _cache_entries(out: Path) -> int:
-    return (
-        sum(len(p.read_bytes().splitlines()) for p in (out / "cache").glob("*.jsonl"))
-        if (out / "cache").is_dir()
-        else 0
-    )
-
-
 # The lifeline's promise (factory/engine/watchdog.py): no request leaves a worker later than this
 # after its driver died: the socket closes with the driver, and every request checks it first.
 STOP_BOUND_S = 0.5
@@ -247,7 +240,7 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(
         # took over 300 s to store its first answers. Whatever fails, kill the run.
         deadline = time.time() + 1200
         try:
-            while _cache_entries(out) < kill_after:
+            while cache_entries(out) < kill_after:
                 assert proc.poll() is None, "the run ended before it could be killed"
                 assert time.time() < deadline, "the run made no progress"
                 time.sleep(0.05)
@@ -371,7 +364,7 @@ def test_an_actor_killed_mid_run_is_restarted_and_nothing_is_lost(
     def kill_one_actor() -> None:
         deadline = time.time() + 60
         while time.time() < deadline and not killed:
-            if _cache_entries(out) >= 30:
+            if cache_entries(out) >= 30:
                 for proc in psutil.process_iter(["cmdline"]):
                     if "ray::WorkerActor" in " ".join(proc.info["cmdline"] or []) and _ours(proc):
                         proc.kill()

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from factory.run import main
 from tests.conftest import ROOT
+from tests.helpers import ray_log_files
 
 pytestmark = pytest.mark.ray
 
@@ -187,15 +188,8 @@ def scan_folder(folder: Path) -> tuple[list[str], int]:
 
 def scan_ray_logs() -> tuple[list[str], int]:
     """Hits in the Ray session's log files (worker stdout/stderr, raylet, GCS)."""
-    root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
-    hits: list[str] = []
-    scanned = 0
-    for logs in root.glob("session_*/logs"):
-        for path in logs.rglob("*"):
-            if path.is_file():
-                scanned += 1
-                hits += _hits(path.read_bytes(), str(path))
-    return hits, scanned
+    files = ray_log_files()
+    return [h for path in files for h in _hits(path.read_bytes(), str(path))], len(files)
 
 
 @pytest.mark.parametrize(("transport", "cache"), [("aiohttp", False), ("openai", True)])

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from factory.bench.nodes import cache_entries
 from factory.config import ServeConfig, load_recipe
 from factory.engine.serve import (
     advertised_host,
@@ -318,13 +319,6 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def _cache_entries(out: Path) -> int:
-    folder = out / "cache"
-    if not folder.is_dir():
-        return 0
-    return sum(len(p.read_bytes().splitlines()) for p in folder.glob("*.jsonl"))
-
-
 def _driver(out: Path, first_port: int, env: dict[str, str], target: int) -> subprocess.Popen:  # type: ignore[type-arg]
     """``python -m factory.run airline-vllm.yaml`` as ``ray job submit`` runs it, with the
     development server as the engine and ``fake_gpu`` as the GPUs."""
@@ -380,7 +374,7 @@ def test_a_run_reaches_its_target_through_its_pool_and_outlives_a_replica(
     out = tmp_path / "out"
     proc = _driver(out, first, cluster, target=100)
     try:
-        _poll(lambda: proc.poll() is not None or _cache_entries(out) >= 10, "calls")
+        _poll(lambda: proc.poll() is not None or cache_entries(out) >= 10, "calls")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         engines = _engines(first)
         assert sorted(engines) == [first, first + 1], engines
@@ -427,7 +421,7 @@ def test_a_sigkilled_driver_leaves_no_replica_behind(
     out = tmp_path / "out"
     proc = _driver(out, first, cluster, target=400)
     try:
-        _poll(lambda: proc.poll() is not None or _cache_entries(out) >= 5, "the run's calls")
+        _poll(lambda: proc.poll() is not None or cache_entries(out) >= 5, "the run's calls")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         engines = _engines(first)
         assert len(engines) == 2, engines

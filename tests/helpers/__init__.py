@@ -532,3 +532,10 @@ def free_port_range(n: int) -> int:
         except OSError:
             continue
     raise RuntimeError("no free port range")
+
+
+def ray_log_files() -> list[Path]:
+    """Every file of the Ray sessions' logs under ``$RAY_TMPDIR`` (workers' stdout and
+    stderr, raylet, GCS): where the secret scans look for a credential."""
+    root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
+    return [p for logs in root.glob("session_*/logs") for p in logs.rglob("*") if p.is_file()]
