@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
+from factory.engine import watchdog
 from factory.engine.roster import Roster, State
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult
@@ -90,8 +91,6 @@ class WorkerActor:
         lifeline: tuple[str, int] | None,
         stopped: str | None = None,
     ) -> None:
-        from factory.engine import watchdog
-
         watchdog.start(lifeline=lifeline)  # no request leaves once the driver is gone
         self.worker = Worker(chains, health=self._health)
         if stopped is not None:
@@ -119,8 +118,6 @@ class WorkerActor:
         worker (its node or its driver is going) it never answers again: an item cut
         short must not reach the driver as a failed row, and the driver gives the
         items this worker held to the others when the actor is gone."""
-        from factory.engine import watchdog
-
         if items and not watchdog.stopped():
             await self.worker.submit(items)
         results, report = await self.worker.collect(max_wait)
@@ -144,8 +141,6 @@ class WorkerActor:
         self.worker.resume()
 
     async def shutdown(self) -> None:
-        from factory.engine import watchdog
-
         watchdog.retire()  # a normal end: the lifeline closing next is no loss
         await self.worker.aclose()
 
