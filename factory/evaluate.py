@@ -428,7 +428,7 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
     if args.recipe:
         import dataclasses
 
-        from factory.config import load_recipe, resolve_recipe_path
+        from factory.recipe import load_recipe, resolve_recipe_path
         from factory.engine.settings import llm_stages
         from factory.engine.stages.llm_stage import build_client
         from factory.envs.pack import load_domain

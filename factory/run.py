@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from factory.config import load_recipe, resolve_recipe_path
+from factory.recipe import load_recipe, resolve_recipe_path
 from factory.engine import interrupts
 from factory.engine.console import expected_error, process_start_time, setup_logging
 from factory.envs.pack import check_reviewed

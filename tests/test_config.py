@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from factory.config import (
+from factory.recipe import (
     SCHEMA_PATH,
     apply_overrides,
     config_hash,

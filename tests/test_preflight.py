@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from factory import preflight
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.engine.plan import StagePlan
 from factory.errors import ConfigError, UnreachableError
 from factory.run import main

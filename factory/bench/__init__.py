@@ -77,7 +77,7 @@ def default_recipe(pipelines: Path | None = None) -> Path:
         ConfigError: none is shipped (pass ``--recipe``).
     """
     from factory import packs
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.llm.backends import get_backend
 
     pipelines = pipelines or packs.folder("pipelines")
@@ -104,7 +104,7 @@ def recipe_seed_files(recipe: Path) -> list[str]:
     Raises:
         ConfigError: the recipe names no seed files (a Hugging Face dataset instead).
     """
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.engine.pipeline import expand_seed_paths
 
     cfg = load_recipe(recipe)
@@ -250,7 +250,7 @@ def _latency_args(kind: str, p99_ratio: float) -> list[str]:
 
 
 def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str, Any]:
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.engine.runner import run
     from factory.run import devserver_overrides
 

@@ -83,7 +83,7 @@ def _postprocess_worker(path: str, repeat: int, recipe: str) -> dict[str, Any]:
     import importlib
 
     import factory
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
 
     # Ask the tree itself: an editable install's finder would serve ``factory.engine``
     # from the installed tree even when ``factory`` comes from an older checkout.

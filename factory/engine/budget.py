@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.config import RecipeConfig
+    from factory.recipe import Recipe
 
 __all__ = ["BudgetActor", "BudgetState", "budget_actor", "check_cost_cap_priced"]
 
 
-def check_cost_cap_priced(cfg: RecipeConfig) -> None:
+def check_cost_cap_priced(cfg: Recipe) -> None:
     """Refuse a ``max_cost_usd`` cap when a model it must watch has no price.
 
     Raises:

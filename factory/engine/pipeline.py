@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.engine.stages.export import ExportStage
 from factory.engine.stages.seeds import SeedCheckStage, raw_record_rows
 from factory.envs.pack import load_domain
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
+def expand_seed_paths(cfg: Recipe) -> list[str]:
     """The seed files a recipe names (paths, folders, globs; relative to the recipe).
 
     Raises:
@@ -49,7 +49,7 @@ def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
     return sorted(dict.fromkeys(str(f) for f in files))
 
 
-def check_seed_files(cfg: RecipeConfig) -> list[str]:
+def check_seed_files(cfg: Recipe) -> list[str]:
     """The recipe's seed files, each checked to hold usable records at its start.
 
     Runs on the driver before Ray starts (seconds, a few MB of memory at most):
@@ -74,7 +74,7 @@ def check_seed_files(cfg: RecipeConfig) -> list[str]:
     return paths
 
 
-def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+def _raw_rows(cfg: Recipe) -> Iterator[dict[str, Any]]:
     """Raw seed rows read on the driver (dry runs and Hugging Face sources)."""
     assert cfg.seeds is not None
     if cfg.seeds.hf_dataset:
@@ -85,7 +85,7 @@ def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
         yield from raw_record_rows(iter_records(path))
 
 
-def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+def seed_rows_local(cfg: Recipe) -> Iterator[dict[str, Any]]:
     """Raw rows with ``seeds.limit`` applied: the driver-side twin of ``seed_dataset``."""
     assert cfg.seeds is not None
     for n, row in enumerate(_raw_rows(cfg)):
@@ -94,7 +94,7 @@ def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
+def build_seed_check(cfg: Recipe) -> SeedCheckStage:
     """Inside an actor: load the domain pack once and build the stage."""
     assert cfg.seeds is not None
     return SeedCheckStage(
@@ -105,7 +105,7 @@ def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
     )
 
 
-def build_export(cfg: RecipeConfig) -> ExportStage:
+def build_export(cfg: Recipe) -> ExportStage:
     from factory.engine.quality import build_decontaminator, neardup_params
 
     return ExportStage(

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.jobs.amplify import PRIOR_CALLS, yield_estimate
 from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
@@ -67,7 +67,7 @@ class Yield:
         )
 
 
-def expected_yield(cfg: RecipeConfig, measured: tuple[int, int] | None = None) -> Yield:
+def expected_yield(cfg: Recipe, measured: tuple[int, int] | None = None) -> Yield:
     """The yield to plan ``cfg``'s calls with, and its source.
 
     ``measured``: ``(rows, calls)`` of an earlier run of the output folder (its
@@ -153,7 +153,7 @@ class Plan:
 
 
 def _cost(
-    cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
+    cfg: Recipe, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
 ) -> float | None:
     table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
     price = table.lookup_batch(model) if batch else table.lookup(model)
@@ -168,7 +168,7 @@ def _cost(
 
 
 def _stage(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     stage: str,
     model: str,
     calls: int,
@@ -192,7 +192,7 @@ def _stage(
 
 
 def make_plan(
-    cfg: RecipeConfig, *, with_examples: bool = True, measured: tuple[int, int] | None = None
+    cfg: Recipe, *, with_examples: bool = True, measured: tuple[int, int] | None = None
 ) -> Plan:
     """Check the seeds and estimate every LLM stage of ``cfg``; ``measured``: the
     ``(rows, calls)`` an earlier run of the output folder gave (``expected_yield``)."""
@@ -271,7 +271,7 @@ def make_plan(
     return plan
 
 
-def _mixed_plan(cfg: RecipeConfig, *, with_examples: bool) -> Plan:
+def _mixed_plan(cfg: Recipe, *, with_examples: bool) -> Plan:
     """A recipe with parts: every part's plan, its stages named ``stage/label``."""
     from pathlib import Path
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import jinja2
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.formats.completion import render_output
 from factory.core.formats.textaction import render_messages
 from factory.core.trajectory import Trajectory, canonical_json
@@ -167,7 +167,7 @@ class PromptTemplate:
         return Prompt(messages=messages, static_chars=len(self.static))
 
 
-def prompt_fingerprints(cfg: RecipeConfig) -> dict[str, str]:
+def prompt_fingerprints(cfg: Recipe) -> dict[str, str]:
     """Per LLM stage of a single-domain recipe, a hash of what all its requests share: the
     model, the sampling parameters, the template's text and the static block it renders
     (the pack's policy and tools).

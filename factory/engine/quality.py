@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.decontam import DECONTAM_STAGE, Decontaminator, load_benchmark_texts
 from factory.core.neardup import NearDupIndex, NearDupParams
 from factory.io.writer import Manifest
@@ -27,7 +27,7 @@ __all__ = [
 INDEX_FILE = "neardup.index"  # OUT/neardup.index: what a later run's near_duplicates.index names
 
 
-def neardup_params(cfg: RecipeConfig) -> NearDupParams | None:
+def neardup_params(cfg: Recipe) -> NearDupParams | None:
     nd = cfg.near_duplicates
     if nd is None:
         return None
@@ -36,7 +36,7 @@ def neardup_params(cfg: RecipeConfig) -> NearDupParams | None:
     )
 
 
-def build_neardup_index(cfg: RecipeConfig) -> NearDupIndex | None:
+def build_neardup_index(cfg: Recipe) -> NearDupIndex | None:
     """The run's index, holding every earlier run's index the recipe names."""
     params = neardup_params(cfg)
     if params is None:
@@ -48,7 +48,7 @@ def build_neardup_index(cfg: RecipeConfig) -> NearDupIndex | None:
     return index
 
 
-def build_decontaminator(cfg: RecipeConfig) -> Decontaminator | None:
+def build_decontaminator(cfg: Recipe) -> Decontaminator | None:
     dc = cfg.decontamination
     if dc is None:
         return None
@@ -57,7 +57,7 @@ def build_decontaminator(cfg: RecipeConfig) -> Decontaminator | None:
     return Decontaminator(texts, n=dc.n, threshold=dc.threshold, exclude_ids=excluded)
 
 
-def decontam_summary(cfg: RecipeConfig, manifest: Manifest) -> dict[str, Any] | None:
+def decontam_summary(cfg: Recipe, manifest: Manifest) -> dict[str, Any] | None:
     """The manifest's ``decontamination`` section (``None`` without the recipe section)."""
     decontam = build_decontaminator(cfg)
     if decontam is None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.engine import interrupts
 from factory.engine.console import (
     LOG_FILE,
@@ -49,7 +49,7 @@ __all__ = ["RunResult", "run", "run_job"]
 log = logging.getLogger(__name__)
 
 
-def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
     """Run the job ``cfg`` declares (curate, amplify or envsim) through the one driver loop
     and write its manifest from the run's ledger and the job's own sections."""
     from factory.engine.raycompat import init_ray
@@ -124,7 +124,7 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
     return result
 
 
-def _let_in_flight_finish(cfg: RecipeConfig, pool: ActorPool, job: Any, exc: BaseException) -> None:
+def _let_in_flight_finish(cfg: Recipe, pool: ActorPool, job: Any, exc: BaseException) -> None:
     """The loop ended at once (``exc``: an interrupt, a failed write): the requests on the
     wire get ``llm.stop_grace_s`` to finish and be stored (``loop.wind_down``) before the
     pool is closed. A second Ctrl-C meanwhile ends the process at once (``interrupts``).
@@ -164,14 +164,14 @@ def _add_unstored_note(job: Any, exc: FactoryError) -> None:
         exc.details = (*exc.details, note)
 
 
-def caps_of(cfg: RecipeConfig) -> Caps:
+def caps_of(cfg: Recipe) -> Caps:
     amp = cfg.amplify
     if amp is None or cfg.pipeline != "amplify":
         return Caps()
     return Caps(amp.max_cost_usd, amp.max_tokens, amp.max_calls)
 
 
-def worker_capacity(cfg: RecipeConfig) -> int:
+def worker_capacity(cfg: Recipe) -> int:
     """Items one worker holds at once: twice its LLM request slots (a finished request's
     slot is refilled from its queue without waiting for the driver), or a few CPU items.
 
@@ -195,7 +195,7 @@ def lifeline_host() -> str:
     return str(ray.util.get_node_ip_address())
 
 
-def declare(cfg: RecipeConfig, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
+def declare(cfg: Recipe, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
     """The job ``cfg.pipeline`` names, declared."""
     if cfg.pipeline == "curate":
         from factory.engine.jobs.curate import CurateJob
@@ -227,7 +227,7 @@ def _final_wall_time(out_dir: Path, result: RunResult) -> None:
 
 
 def run(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path | str,
     *,
     progress: bool = True,
@@ -297,7 +297,7 @@ def run(
 
 
 def _run_locked(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path,
     progress: bool,
     fresh: bool,
@@ -423,7 +423,7 @@ def _write_documents(out_dir: Path, result: RunResult) -> None:
     )
 
 
-def _say_prompt_changes(cfg: RecipeConfig, out_dir: Path) -> None:
+def _say_prompt_changes(cfg: Recipe, out_dir: Path) -> None:
     """Before any call: which stages' prompts changed since the folder's last run, and how
     many cached answers that leaves unused (``factory.io.runstate.note_prompt_changes``)."""
     from factory.engine.prompts import prompt_fingerprints

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from factory.config import LLMConfig, RecipeConfig
+    from factory.recipe import LLMConfig, Recipe
     from factory.llm.pricing import Price
 
 __all__ = ["LLMStageSettings", "cache_location", "llm_stages", "per_actor_concurrency"]
@@ -57,7 +57,7 @@ class LLMStageSettings:
         return int(value) if value else None
 
 
-def per_actor_concurrency(cfg: RecipeConfig) -> int:
+def per_actor_concurrency(cfg: Recipe) -> int:
     """Per-actor request slots such that all actors together respect ``llm.concurrency``."""
     assert cfg.llm is not None
     return max(
@@ -65,14 +65,14 @@ def per_actor_concurrency(cfg: RecipeConfig) -> int:
     )
 
 
-def cache_location(cfg: RecipeConfig) -> str | None:
+def cache_location(cfg: Recipe) -> str | None:
     """The run's response cache folder (default ``OUTPUT/cache``), or None when disabled."""
     if not cfg.cache.enabled:
         return None
     return cfg.cache.path or str(Path(cfg.output.dir) / "cache")
 
 
-def llm_stages(cfg: RecipeConfig) -> dict[str, LLMStageSettings]:
+def llm_stages(cfg: Recipe) -> dict[str, LLMStageSettings]:
     """The recipe's LLM stages by name, each with its resolved settings (empty without
     an ``llm`` section). The judge is listed only when the pre-filter is on."""
     from factory.llm.backends import get_backend

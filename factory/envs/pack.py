@@ -23,7 +23,7 @@ from factory.core.trajectory import normalize_tool_spec
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.config import DomainConfig, RecipeConfig
+    from factory.recipe import DomainConfig, Recipe
     from factory.core.compose import CompositionRules
     from factory.core.grammar import ActionGrammar
     from factory.core.rules import DomainRules
@@ -95,7 +95,7 @@ def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[s
     return tools, kinds
 
 
-def load_domain(cfg: RecipeConfig) -> Domain:
+def load_domain(cfg: Recipe) -> Domain:
     """Load the pack the recipe's ``domain`` section points at.
 
     Raises:
@@ -110,7 +110,7 @@ def load_domain(cfg: RecipeConfig) -> Domain:
     return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
 
 
-def _text_action_domain(cfg: RecipeConfig) -> Domain:
+def _text_action_domain(cfg: Recipe) -> Domain:
     """A domain whose actions are text: grammar, policy, rules and composition rules."""
     from factory.core.compose import CompositionRules
     from factory.core.grammar import ActionGrammar
@@ -156,7 +156,7 @@ def _read_rules(rules_path: Path | None) -> DomainRules | None:
 
 
 def _pack_paths(
-    cfg: RecipeConfig, domain: DomainConfig | None = None
+    cfg: Recipe, domain: DomainConfig | None = None
 ) -> tuple[Path, Path | None, Path | None]:
     """The recipe's files, or (when it names no tools) its domain plug-in's pack."""
     d = domain if domain is not None else cfg.domain
@@ -197,7 +197,7 @@ def domain_from_pack(name: str, pack: DataPack) -> Domain:
     return Domain(name=name, tools=tools, policy=policy, rules=rules, kinds=kinds)
 
 
-def unreviewed(cfg: RecipeConfig) -> list[Path]:
+def unreviewed(cfg: Recipe) -> list[Path]:
     """The files of the recipe's packs, and the recipe itself, that still hold the
     :data:`REVIEW_MARKER` of a scaffold (each part's pack for a mixed recipe)."""
     files: list[Path] = [cfg.source] if cfg.source is not None else []
@@ -218,7 +218,7 @@ def unreviewed(cfg: RecipeConfig) -> list[Path]:
     return marked
 
 
-def check_reviewed(cfg: RecipeConfig) -> None:
+def check_reviewed(cfg: Recipe) -> None:
     """Refuse a recipe whose pack a person has not reviewed yet.
 
     Raises:

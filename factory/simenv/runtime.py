@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from factory.config import EndpointConfig, LLMConfig
+from factory.recipe import EndpointConfig, LLMConfig
 from factory.errors import ConfigError
 from factory.io.cache import ResponseCache
 from factory.llm.backends import build_backend

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.decontam import Decontaminator, load_benchmark_texts
 from factory.core.formats.completion import render_output
 from factory.core.trajectory import Trajectory, Turn

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.export import check_structure
 from factory.core.reasons import REASONS
 from factory.engine.stages.base import Stage, make_row

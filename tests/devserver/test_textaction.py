@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from factory.config import RecipeConfig, load_recipe
+from factory.recipe import Recipe, load_recipe
 from factory.core.compose import apps_used, companions
 from factory.core.formats import parse_record
 from factory.core.formats.textaction import parse_completion
@@ -24,7 +24,7 @@ from tests.conftest import ROOT
 RECIPES = ("os.yaml", "webshop.yaml", "office-compose.yaml")
 
 
-def pack(name: str) -> tuple[RecipeConfig, Domain, list[Trajectory]]:
+def pack(name: str) -> tuple[Recipe, Domain, list[Trajectory]]:
     cfg = load_recipe(ROOT / "pipelines" / name)
     domain = load_domain(cfg)
     assert cfg.seeds is not None and isinstance(cfg.seeds.path, str)

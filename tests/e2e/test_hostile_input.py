@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.formats import parse_record
 from factory.core.formats.completion import render_output
 from factory.core.reasons import REASONS

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run
 from factory.envs.retail.sampler import default_tools

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.trajectory import Trajectory
 from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.plan import expected_yield, make_plan
@@ -28,7 +28,7 @@ def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> No
 
 def test_the_plan_names_where_its_yield_comes_from() -> None:
     # Issue 39: the plan's calls came from a yield nobody had measured, and it did not say so.
-    from factory.config import AmplifyConfig
+    from factory.recipe import AmplifyConfig
 
     cfg = load_recipe(ROOT / "pipelines" / "office-compose.yaml", ["amplify.target=100"])
     assert cfg.amplify is not None and cfg.amplify.expected_yield == 0.65

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.formats import parse_record
 from factory.core.grammar import ActionGrammar
 from factory.core.trajectory import Trajectory

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.envs import DomainPlugin, available_domains, get_environment, get_plugin
 from factory.envs.pack import load_domain
 from factory.envs.registry import ENTRY_POINT_GROUP, register_domain, reset_registry

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from factory import packs
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.domain import main
 from factory.envs.pack import REVIEW_MARKER, load_domain, unreviewed
 from factory.envs.scaffold import guess_kind

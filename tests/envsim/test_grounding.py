@@ -17,7 +17,7 @@ import jinja2
 import openai
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.delta import changed_size, diff
 from factory.core.formats.completion import parse_output, render_output
 from factory.core.labels import call_observations

@@ -21,7 +21,7 @@ import polars as pl
 import psutil
 from pydantic import BaseModel
 
-from factory.config import RecipeConfig, load_recipe
+from factory.recipe import Recipe, load_recipe
 from factory.core.formats import parse_record
 from factory.core.validate import validate
 from factory.envs.pack import load_domain
@@ -68,7 +68,7 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def recipe(name: str, out: Path, *overrides: str) -> RecipeConfig:
+def recipe(name: str, out: Path, *overrides: str) -> Recipe:
     return load_recipe(ROOT / "pipelines" / name, [f"output.dir={out}", *overrides])
 
 
@@ -117,7 +117,7 @@ def read_jsonl(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def assert_rows_valid(cfg: RecipeConfig, rows: list[dict[str, Any]]) -> None:
+def assert_rows_valid(cfg: Recipe, rows: list[dict[str, Any]]) -> None:
     """Every written row parses back as a sharegpt seed and passes every rule (a text-action
     domain's rows: read with its grammar, checked against it and its composition rules)."""
     domain = load_domain(cfg)
@@ -187,7 +187,7 @@ def booking_args(
     return {**args, **over}
 
 
-def stage_settings(cfg: RecipeConfig, stage: str = "amplify", model: str | None = None) -> Any:
+def stage_settings(cfg: Recipe, stage: str = "amplify", model: str | None = None) -> Any:
     """The resolved settings of one LLM stage of ``cfg`` (another model if given)."""
     import dataclasses
 
@@ -197,7 +197,7 @@ def stage_settings(cfg: RecipeConfig, stage: str = "amplify", model: str | None 
     return dataclasses.replace(settings, model=model) if model else settings
 
 
-def amplify_stage(cfg: RecipeConfig, kept: dict[str, str]) -> Any:
+def amplify_stage(cfg: Recipe, kept: dict[str, str]) -> Any:
     """The real amplification stage of ``cfg`` over ``kept`` seeds, built as a worker does."""
     from factory.engine.stages.amplify import build_amplify, seed_order
 
@@ -205,7 +205,7 @@ def amplify_stage(cfg: RecipeConfig, kept: dict[str, str]) -> Any:
     return build_amplify(cfg, stage_settings(cfg), kept, seed_order(list(kept), cfg.amplify.seed))
 
 
-def prefilter_stage(cfg: RecipeConfig) -> Any:
+def prefilter_stage(cfg: Recipe) -> Any:
     """The real judge stage of ``cfg``, built as a worker does."""
     from factory.engine.stages.prefilter import build_prefilter
 
@@ -450,7 +450,7 @@ def collect_rows(
 
 
 def drive_calls(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     kept: dict[str, str],
     n: int,
     ledger: Any,

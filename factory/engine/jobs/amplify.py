@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.dedup import DEDUP_STAGE, Deduper
 from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
@@ -106,7 +106,7 @@ def no_progress_calls(target: int, concurrency: int) -> int:
     return max(20, min(target, 2 * concurrency))
 
 
-def preflight(cfg: RecipeConfig) -> PromptTemplate:
+def preflight(cfg: Recipe) -> PromptTemplate:
     """Build on the driver what every actor will build, so a recipe error (missing key,
     bad sampling option, broken template) stops the run with its key path before any
     Ray work, instead of surfacing as a dead actor."""
@@ -358,7 +358,7 @@ class AmplifyPlanner:
         return items
 
 
-def seed_chain(cfg: RecipeConfig, stages: dict[str, LLMStageSettings]) -> list[StageSpec]:
+def seed_chain(cfg: Recipe, stages: dict[str, LLMStageSettings]) -> list[StageSpec]:
     chain: list[StageSpec] = [(build_seed_check, (cfg,))]
     if "prefilter" in stages:
         chain.append((build_prefilter, (cfg, stages["prefilter"])))
@@ -366,7 +366,7 @@ def seed_chain(cfg: RecipeConfig, stages: dict[str, LLMStageSettings]) -> list[S
 
 
 def declare(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path,
     manifest: Manifest,
     add_chain: Callable[[str, Sequence[StageSpec]], None],
@@ -382,7 +382,7 @@ class AmplifyJob(Job):
 
     def __init__(
         self,
-        cfg: RecipeConfig,
+        cfg: Recipe,
         out_dir: Path,
         manifest: Manifest,
         add_chain: Callable[[str, Sequence[StageSpec]], None],
@@ -523,7 +523,7 @@ class _Sink:
 
 
 def batch_reservation(
-    cfg: RecipeConfig, template: PromptTemplate, settings: LLMStageSettings
+    cfg: Recipe, template: PromptTemplate, settings: LLMStageSettings
 ) -> tuple[float, int]:
     """What one call reserves against the caps when the backend takes batches: the cost
     and tokens of the first seed's request, estimated (prompt from its text, output
@@ -547,7 +547,7 @@ def batch_reservation(
     return reservation(request, settings.price, settings.max_output_tokens)
 
 
-def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
+def select_mixture(cfg: Recipe, out_dir: Path, collector: Collector) -> dict[str, Any]:
     """With a recipe mixture: choose from the accepted candidates and copy them to data/.
 
     The manifest's ``diversity`` then describes the selection (what ``data/`` holds and
@@ -598,7 +598,7 @@ def batch_line(summary: dict[str, Any] | None) -> str | None:
 
 
 @contextlib.contextmanager
-def batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator[None]:
+def batch_progress(cfg: Recipe, out_dir: Path, enabled: bool) -> Iterator[None]:
     """With a batched backend, print its batches' line on the console when it changes
     (checked every 5 s): rows arrive only as whole batches end, hours apart with a real
     Batch API, so the row bar alone would look stuck."""

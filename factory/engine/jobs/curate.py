@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.engine.collect import Collector
 from factory.engine.loop import Bar, Job
 from factory.engine.pipeline import build_export, build_seed_check, seed_rows_local
@@ -75,7 +75,7 @@ class CurateJob(Job):
 
     pipeline = "curate"
 
-    def __init__(self, cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> None:
+    def __init__(self, cfg: Recipe, out_dir: Path, manifest: Manifest) -> None:
         self.cfg, self.manifest = cfg, manifest
         build_decontaminator(cfg)  # a missing benchmark file fails here, not in a worker
         self.collector = Collector(

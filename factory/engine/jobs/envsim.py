@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
@@ -84,7 +84,7 @@ class EpisodeStage(Stage):
     name = "envsim"
     requires = ("call_index",)
 
-    def __init__(self, cfg: RecipeConfig, world_seed: int | None = None):
+    def __init__(self, cfg: Recipe, world_seed: int | None = None):
         from factory.envsim.sampler import EpisodeSampler
 
         assert cfg.envsim is not None
@@ -130,7 +130,7 @@ def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[
     return rows
 
 
-def build_episode_stage(cfg: RecipeConfig, world_seed: int | None = None) -> EpisodeStage:
+def build_episode_stage(cfg: Recipe, world_seed: int | None = None) -> EpisodeStage:
     return EpisodeStage(cfg, world_seed)
 
 
@@ -173,7 +173,7 @@ class QuotaFill:
         return self.rows >= self.mixture.total and self.balanced
 
 
-def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[str, str]:
+def alpaca_row(cfg: Recipe, sample: dict[str, Any], tools: dict) -> dict[str, str]:
     """One selected step sample as the alpaca row ``data/`` holds (layout of ``envsim.layout``).
 
     The domain's simulator facts for the tool (the current time, the rule for new
@@ -208,7 +208,7 @@ _PROVENANCE = ("task_id", "user_id", "env_id")
 
 
 def _alpaca_rows(
-    cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: dict, stats: StepDiversity
+    cfg: Recipe, selection: Selection, out_dir: Path, tools: dict, stats: StepDiversity
 ) -> Any:
     """Stream the chosen candidates (in selection order) as alpaca rows, counting each
     in ``stats`` (the manifest's ``diversity``).
@@ -322,7 +322,7 @@ class EnvsimSink:
 
     def __init__(
         self,
-        cfg: RecipeConfig,
+        cfg: Recipe,
         out_dir: Path,
         manifest: Manifest,
         fills: dict[bool, QuotaFill],
@@ -380,7 +380,7 @@ class EnvsimJob(Job):
 
     pipeline = "envsim"
 
-    def __init__(self, cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> None:
+    def __init__(self, cfg: Recipe, out_dir: Path, manifest: Manifest) -> None:
         from factory.envs.pack import load_domain
         from factory.envs.registry import get_plugin
 

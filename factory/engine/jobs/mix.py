@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from factory.config import PartConfig, RecipeConfig
+from factory.recipe import PartConfig, Recipe
 from factory.engine.result import RunResult, new_manifest
 from factory.io.writer import ShardWriter, write_dataset_info
 
@@ -44,8 +44,8 @@ def part_label(part: PartConfig) -> str:
 
 
 def part_recipe(
-    cfg: RecipeConfig, index: int, out_dir: Path, spent: dict[str, float] | None = None
-) -> RecipeConfig:
+    cfg: Recipe, index: int, out_dir: Path, spent: dict[str, float] | None = None
+) -> Recipe:
     """The amplify recipe of part ``index``: ``cfg`` with the part's domain and seeds, its
     quota as target, its own folder, the shared cache and what is left of the caps.
 
@@ -99,7 +99,7 @@ def _left(cap: Any, used: float) -> Any:
     return max(left, 1e-9)
 
 
-def _exhausted(cfg: RecipeConfig, spent: dict[str, float]) -> str | None:
+def _exhausted(cfg: Recipe, spent: dict[str, float]) -> str | None:
     """The run-wide cap earlier parts used up, if any."""
     amp = cfg.amplify
     assert amp is not None
@@ -133,7 +133,7 @@ RunJob = Callable[..., Any]  # factory.engine.runner.run_job: (cfg, out_dir, pro
 
 
 def _run_part(
-    sub: RecipeConfig, part_dir: Path, progress: bool, run_job: RunJob
+    sub: Recipe, part_dir: Path, progress: bool, run_job: RunJob
 ) -> tuple[dict[str, Any], Any]:
     """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
     from factory.io.runstate import finish_run, prepare_output
@@ -150,7 +150,7 @@ def _run_part(
 
 
 def run_mix(
-    cfg: RecipeConfig, out_dir: Path, *, run_job: RunJob, progress: bool = True
+    cfg: Recipe, out_dir: Path, *, run_job: RunJob, progress: bool = True
 ) -> RunResult:
     """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring): each part
     through ``run_job``, the one driver loop's entry (``factory.engine.runner``)."""

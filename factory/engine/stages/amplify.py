@@ -21,7 +21,7 @@ import random
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.compose import CompositionRules, apps_used, companions
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
@@ -31,7 +31,7 @@ from factory.envs.pack import Domain, load_domain
 from factory.envsim.grounding import render_scenario
 
 if TYPE_CHECKING:
-    from factory.config import GroundingConfig
+    from factory.recipe import GroundingConfig
     from factory.envsim.grounding import GroundingWorld
 
 __all__ = [
@@ -70,7 +70,7 @@ def assign(call_index: int, order: list[str]) -> tuple[str, int]:
     return order[call_index % len(order)], call_index // len(order)
 
 
-def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
+def amplify_template(cfg: Recipe, domain: Domain) -> PromptTemplate:
     """The amplification template the recipe uses (the grounded one when grounding is on)."""
     assert cfg.amplify is not None
     if cfg.amplify.grounding is not None:
@@ -162,7 +162,7 @@ class AmplifyStage(LLMStage):
 
 
 def build_amplify(
-    cfg: RecipeConfig, settings: LLMStageSettings, seeds: dict[str, str], order: list[str]
+    cfg: Recipe, settings: LLMStageSettings, seeds: dict[str, str], order: list[str]
 ) -> AmplifyStage:
     """Inside an actor: the amplification stage of ``cfg`` over the kept ``seeds``."""
     assert cfg.amplify is not None

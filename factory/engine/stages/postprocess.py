@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.decontam import DECONTAM_STAGE
 from factory.core.formats.completion import parse_output
 from factory.core.formats.textaction import parse_completion
@@ -81,7 +81,7 @@ class PostprocessStage(Stage):
     name = "postprocess"
     requires = ("completion",)  # produces: id, output (accepted) or reason + raw (rejected)
 
-    def __init__(self, cfg: RecipeConfig, seeds: Mapping[str, str] | None = None):
+    def __init__(self, cfg: Recipe, seeds: Mapping[str, str] | None = None):
         assert cfg.amplify is not None
         self.domain = load_domain(cfg)
         self.format = cfg.amplify.system_prompt_format
@@ -170,7 +170,7 @@ class PostprocessStage(Stage):
 
 
 def build_postprocess(
-    cfg: RecipeConfig, seeds: Mapping[str, str] | None = None
+    cfg: Recipe, seeds: Mapping[str, str] | None = None
 ) -> PostprocessStage:
     """The stage; ``seeds`` (seed id -> record JSON) give a pack without a policy the
     seeds' own system prompts."""

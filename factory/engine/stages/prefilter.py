@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.recipe import Recipe
 from factory.core.repair import parse_json_value
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
@@ -92,7 +92,7 @@ class PrefilterStage(LLMStage):
         return row
 
 
-def build_prefilter(cfg: RecipeConfig, settings: LLMStageSettings) -> PrefilterStage:
+def build_prefilter(cfg: Recipe, settings: LLMStageSettings) -> PrefilterStage:
     """Inside an actor: the judge of ``cfg`` (its template over the recipe's domain)."""
     template = PromptTemplate(
         cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"

@@ -36,7 +36,7 @@ from factory.llm.backends.base import (
 )
 
 if TYPE_CHECKING:
-    from factory.config import LLMConfig
+    from factory.recipe import LLMConfig
     from factory.llm.pricing import Price
 
 __all__ = [

@@ -42,7 +42,7 @@ from factory.errors import LLMError
 from factory.llm.client import Completion
 
 if TYPE_CHECKING:
-    from factory.config import LLMConfig
+    from factory.recipe import LLMConfig
     from factory.llm.pricing import Price
 
 __all__ = [

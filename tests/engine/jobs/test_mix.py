@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.engine.jobs.mix import label_rows, part_recipe
 from factory.errors import ConfigError
 from tests.conftest import ROOT

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.engine.stages import llm_stage
 from factory.engine.stages.llm_stage import _ROW_SLOT, _Slot, wait_without_slot
 from tests.conftest import ROOT

@@ -10,7 +10,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from factory.bench import postprocess_completions
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.core.schema import fast_check
 from factory.engine.stages.base import make_row
 from factory.engine.stages.export import output_fields, training_row

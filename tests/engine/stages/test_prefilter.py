@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.engine.stages.base import FAILED, OK, make_row
 from factory.llm import Completion
 from factory.llm.backends import OnlineBackend

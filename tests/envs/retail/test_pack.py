@@ -19,7 +19,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.stages.base import OK
 from tests.conftest import ROOT, SHARED

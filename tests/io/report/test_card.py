@@ -190,7 +190,7 @@ def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) 
 
 
 def test_fresh_keeps_the_license_given_for_the_card(tmp_path: Path) -> None:
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.io.runstate import prepare_output
     from tests.conftest import ROOT
 

@@ -279,7 +279,7 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
 ) -> None:
     """The same stage (render, cache, record) as the online path; only the call differs.
     No Ray: the stage is driven directly, as an actor would."""
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.core.formats import parse_record
     from tests.conftest import ROOT
 
@@ -318,7 +318,7 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
     """Batch answers come long after submission: each call reserves its estimated cost at
     the Batch price when the driver issues it, so a cap smaller than the whole batch stops
     issuing instead of being overshot by the batch in flight; answers settle it."""
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.core.formats import parse_record
     from factory.engine.jobs.amplify import batch_reservation
     from factory.engine.ledger import Caps, Ledger
@@ -376,7 +376,7 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
 def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
     """The Batch API backend never ignores an endpoint the recipe lists: the run refuses
     to start (on the driver, before Ray) instead of sending everything to the first."""
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
     from factory.engine.stages.llm_stage import build_backend_for
     from factory.errors import ConfigError
     from tests.conftest import ROOT

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
+from factory.recipe import load_recipe
 from factory.errors import (
     ConfigError,
     LLMBadRequest,
