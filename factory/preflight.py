@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from factory.recipe import Recipe
 from factory.errors import FactoryError, UnreachableError
+from factory.recipe import AmplifyRecipe, Recipe
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -186,7 +186,7 @@ def measured(out_dir: Path | str, cfg: Recipe) -> tuple[int, int] | None:
     """``(rows, calls)`` of the folder's last run that ended (``run.json`` totals: rows
     accepted or surplus, calls used), for the plan's yield; None for a new folder, an
     interrupted run (it wrote no totals) or a mixed recipe (its parts differ)."""
-    if cfg.parts is not None or cfg.pipeline != "amplify":
+    if not isinstance(cfg, AmplifyRecipe):  # no calls, or a mixed recipe's parts
         return None
     totals = _read_json(out_dir, "run.json").get("totals") or {}
     try:
@@ -341,9 +341,10 @@ def needs_confirmation(
 
 def _endpoints(cfg: Recipe) -> list[Any]:
     """The recipe's endpoints, unless the run starts its own (``llm.serve``)."""
-    if cfg.llm is None or cfg.llm.serve is not None or cfg.pipeline != "amplify":
+    llm = cfg.llm if cfg.calls_llm else None
+    if llm is None or llm.serve is not None:
         return []
-    return list(cfg.llm.endpoints)
+    return list(llm.endpoints)
 
 
 def check_keys(cfg: Recipe) -> None:

@@ -49,9 +49,9 @@ from typing import Any
 
 import ray
 
-from factory.recipe import EndpointConfig, Recipe, ServeConfig
 from factory.engine.console import console
 from factory.errors import ConfigError, ServeError, short
+from factory.recipe import EndpointConfig, Recipe, ServeConfig
 
 __all__ = [
     "ReplicaActor",

@@ -45,9 +45,9 @@ from typing import IO, Any
 
 import pyarrow.parquet as pq
 
-from factory.recipe import Recipe
 from factory.errors import ConfigError, FactoryError, OutputDamaged, OutputLocked, OutputWriteError
 from factory.io.writer import atomic_write_text, writing
+from factory.recipe import Recipe
 
 __all__ = [
     "BATCHES_DIR",
@@ -267,7 +267,7 @@ def prepare_output(
         OutputWriteError: paid responses waiting in ``unstored/`` cannot be stored.
     """
     state_path = out_dir / STATE_FILE
-    recipe = cfg.model_dump(mode="json")
+    recipe = cfg.as_written()  # paths as the file wrote them: a moved checkout resumes
     mode = "new"
     if not (fresh and drop_cache):
         restore_unstored(cfg, out_dir)  # paid for: into the cache before anything else
@@ -373,12 +373,10 @@ def _damage(out_dir: Path) -> OutputDamaged | None:
 
 def _rebuildable(cfg: Recipe) -> bool:
     """Whether a run can write its folder again without paying: no LLM, or a cache."""
-    return cfg.llm is None or cfg.pipeline != "amplify" or cfg.cache.enabled
+    return not cfg.calls_llm or cfg.cache.enabled
 
 
-def note_prompt_changes(
-    cfg: Recipe, out_dir: Path, fingerprints: Mapping[str, str]
-) -> list[str]:
+def note_prompt_changes(cfg: Recipe, out_dir: Path, fingerprints: Mapping[str, str]) -> list[str]:
     """What changed in the prompts since the folder's last run, said before any call is
     paid; records ``fingerprints`` (``factory.engine.prompts.prompt_fingerprints``) as
     the folder's latest.
@@ -497,7 +495,7 @@ def finish_run(cfg: Recipe, out_dir: Path, *, stopped_by: str | None) -> None:
     manifest = verify_output(out_dir)
     _write(
         out_dir,
-        cfg.model_dump(mode="json"),
+        cfg.as_written(),
         "stopped" if stopped_by else "done",
         stopped_by=stopped_by,
         totals=manifest.get("totals"),

@@ -105,7 +105,7 @@ def via_prefilter(outcome: Any) -> str:
     from factory.engine.prompts import PromptTemplate
     from factory.envs.pack import load_domain
 
-    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
+    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG.domain))
     stage.backend = ScriptedClient(outcome)
     from factory.core.formats import parse_record
 

@@ -270,7 +270,7 @@ def test_dry_run_counts_the_same_rejects(hostile, capsys: pytest.CaptureFixture[
 
 def _injected() -> list[Trajectory]:
     cfg = load_recipe(AMPLIFY)
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     return [
         parse_record(json.loads(c.line), source=c.name, default_tools=domain.tools)
         for c in hostile_cases()
@@ -288,7 +288,7 @@ def _fenced_json(user: str) -> tuple[int, int]:
 @pytest.mark.parametrize("template", ["amplify", "prefilter"])
 def test_injected_seed_stays_inside_the_json_block(template: str) -> None:
     cfg = load_recipe(AMPLIFY)
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert cfg.amplify is not None
     path = cfg.amplify.prompt if template == "amplify" else cfg.prefilter.prompt
     tmpl = PromptTemplate(cfg.resolve(path), domain)
@@ -313,7 +313,7 @@ def test_injected_seed_stays_inside_the_json_block(template: str) -> None:
 def test_unicode_line_separators_cannot_forge_a_heading() -> None:
     cfg = load_recipe(AMPLIFY)
     assert cfg.amplify is not None
-    tmpl = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
+    tmpl = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg.domain))
     for traj in _injected():
         user = tmpl.render(traj).messages[1]["content"]
         assert [line for line in user.splitlines() if line.startswith("###")] == [HEADING]
@@ -321,7 +321,7 @@ def test_unicode_line_separators_cannot_forge_a_heading() -> None:
 
 def test_devserver_tells_a_judge_prompt_with_an_injected_heading_apart() -> None:
     cfg = load_recipe(AMPLIFY)
-    tmpl = PromptTemplate(cfg.resolve(cfg.prefilter.prompt), load_domain(cfg))
+    tmpl = PromptTemplate(cfg.resolve(cfg.prefilter.prompt), load_domain(cfg.domain))
     for traj in _injected():
         assert simulate.prompt_kind(tmpl.render(traj).messages) == "judge"
 

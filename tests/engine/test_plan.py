@@ -19,7 +19,7 @@ def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> No
     assert "### Companion references" in plan.example_prompts["amplify"][1]["content"]
     # A composed answer is two or three one-app episodes long, not one.
     assert cfg.amplify is not None
-    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
+    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg.domain))
     check = build_seed_check(cfg)
     seeds = [Trajectory.from_json(check.run_one(row)["record"]) for row in seed_rows_local(cfg)]
     one = sum(estimate_tokens(canonical_json(template.output_form(t))) for t in seeds) / 32

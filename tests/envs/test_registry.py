@@ -184,7 +184,7 @@ def test_the_engine_drives_a_third_party_domain(site: Path, tmp_path: Path) -> N
         "output: {dataset_name: shop}\n",
         encoding="utf-8",
     )
-    domain = load_domain(load_recipe(recipe))
+    domain = load_domain(load_recipe(recipe).domain)
     assert [t["name"] for t in domain.tools] == ["count", "add"]
     assert domain.write_tools() == {"add"}
 

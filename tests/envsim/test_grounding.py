@@ -59,7 +59,7 @@ def episodes() -> list[Trajectory]:
 
 @pytest.fixture(scope="module")
 def domain() -> Domain:
-    return load_domain(load_recipe(ROOT / "pipelines" / "airline.yaml", []))
+    return load_domain(load_recipe(ROOT / "pipelines" / "airline.yaml", []).domain)
 
 
 def _tool_turns(traj: Trajectory) -> list[int]:

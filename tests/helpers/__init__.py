@@ -120,7 +120,7 @@ def read_jsonl(folder: Path) -> list[dict[str, Any]]:
 def assert_rows_valid(cfg: Recipe, rows: list[dict[str, Any]]) -> None:
     """Every written row parses back as a sharegpt seed and passes every rule (a text-action
     domain's rows: read with its grammar, checked against it and its composition rules)."""
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     for row in rows:
         record = {
             "conversations": row["conversations"],

@@ -33,7 +33,7 @@ from factory.envsim.grounding import ENV_STATE_MARKER, render_scenario
 from tests.conftest import ROOT
 
 AUTHOR = runpy.run_path(str(ROOT / "seeds" / "retail" / "author.py"), run_name="author")
-DOMAIN = load_domain(load_recipe(ROOT / "pipelines" / "retail.yaml"))
+DOMAIN = load_domain(load_recipe(ROOT / "pipelines" / "retail.yaml").domain)
 SEEDS = [
     json.loads(line)
     for line in (ROOT / "seeds" / "retail" / "seeds.jsonl").read_text().splitlines()

@@ -348,7 +348,7 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
         )
 
     cfg = recipe("probe", 1000.0)
-    estimate = batch_reservation(cfg, amplify_template(cfg, load_domain(cfg)), stage_settings(cfg))
+    estimate = batch_reservation(cfg, amplify_template(cfg, load_domain(cfg.domain)), stage_settings(cfg))
     # At the price of gpt-5's Batch tier, the 4,000 output tokens dominate the estimate.
     assert estimate[0] > 4000 * 5.0 / 1e6 and estimate[1] > 4000
     free = Ledger(Caps(max_cost_usd=1000.0))
