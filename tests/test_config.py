@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from factory.errors import ConfigError
 from factory.recipe import (
     SCHEMA_PATH,
     apply_overrides,
@@ -14,7 +15,6 @@ from factory.recipe import (
     load_recipe,
     resolve_recipe_path,
 )
-from factory.errors import ConfigError
 from tests.conftest import ROOT
 
 BASE = {

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from factory import errors
-from factory.recipe import Recipe, RecipeBase, json_schema, load_recipe
 from factory.core.schemadoc import key_docs
+from factory.recipe import Recipe, RecipeBase, json_schema, load_recipe
 from factory.schemas import recipe_reference
 from tests.conftest import ROOT
 from tests.helpers import model_field_paths, readme_commands

@@ -10,7 +10,6 @@ from typing import Any
 import openai
 import pytest
 
-from factory.recipe import Recipe, load_recipe
 from factory.core.compose import apps_used, companions
 from factory.core.formats import parse_record
 from factory.core.formats.textaction import parse_completion
@@ -19,6 +18,7 @@ from factory.core.validate import validate
 from factory.devserver import DevServer, DevServerConfig, textaction
 from factory.engine.prompts import PromptTemplate
 from factory.envs.pack import Domain, load_domain
+from factory.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 
 RECIPES = ("os.yaml", "webshop.yaml", "office-compose.yaml")

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from factory.recipe import load_recipe
 from factory.core.formats import parse_record
 from factory.core.formats.completion import render_output
 from factory.core.reasons import REASONS
@@ -31,6 +30,7 @@ from factory.core.trajectory import Trajectory
 from factory.devserver import simulate
 from factory.engine.prompts import PromptTemplate
 from factory.envs.pack import load_domain
+from factory.recipe import load_recipe
 from factory.run import main
 from tests.conftest import ROOT
 from tests.helpers import read_jsonl, read_rows
@@ -401,9 +401,9 @@ def _completion(user: str = "hi", arguments: Any = None, name: str = "get_user_d
 )
 def test_hostile_completion_is_a_reject_with_a_reason(completion: str, reason: str) -> None:
     from factory.engine.stages.base import make_row
-    from factory.engine.stages.postprocess import PostprocessStage
+    from tests.helpers import postprocess_stage
 
-    stage = PostprocessStage(load_recipe(AMPLIFY))
+    stage = postprocess_stage(load_recipe(AMPLIFY))
     row = stage.run_one(make_row(completion=completion, call_index=0, seed_id="s", source="s#0"))
     assert (row["status"], row["reason"]) == ("rejected", reason), row["message"]
     assert len(row["message"]) <= 600 and len(row["raw"]) <= 4_100

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from factory.recipe import load_recipe
 from factory.core.formats import parse_record
 from factory.core.grammar import ActionGrammar
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import DIRECTIONS, PromptTemplate
 from factory.envs.pack import load_domain
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 

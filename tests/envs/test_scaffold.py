@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from factory import packs
-from factory.recipe import load_recipe
 from factory.domain import main
 from factory.envs.pack import REVIEW_MARKER, load_domain, unreviewed
 from factory.envs.scaffold import guess_kind
 from factory.io.cache import ResponseCache
+from factory.recipe import load_recipe
 from factory.run import main as run_main
 from tests.conftest import ROOT
 from tests.helpers import dev_overrides, read_rows

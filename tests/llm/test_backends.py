@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from factory.recipe import Recipe, load_recipe
 from factory.errors import ConfigError, LLMBadRequest, LLMServerError, LLMUnavailable
 from factory.llm import Completion
 from factory.llm.backends import (
@@ -32,6 +31,7 @@ from factory.llm.backends import (
     register_backend,
     reset_registry,
 )
+from factory.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 from tests.helpers import amplify_stage, prefilter_stage, stage_settings
 

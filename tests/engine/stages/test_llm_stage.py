@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from factory.recipe import load_recipe
 from factory.engine.stages import llm_stage
 from factory.engine.stages.llm_stage import _ROW_SLOT, _Slot, wait_without_slot
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 

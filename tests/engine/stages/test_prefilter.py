@@ -6,10 +6,10 @@ import asyncio
 import json
 from typing import Any
 
-from factory.recipe import load_recipe
 from factory.engine.stages.base import FAILED, OK, make_row
 from factory.llm import Completion
 from factory.llm.backends import OnlineBackend
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 CFG = load_recipe(ROOT / "pipelines" / "airline.yaml")
