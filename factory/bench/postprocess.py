@@ -184,7 +184,7 @@ def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _postprocess_stage(module: Any, recipe: Path) -> Any:
+def _postprocess_stage(module: Any, recipe: str | Path) -> Any:
     """The post-processing stage of ``recipe`` as the ``factory`` on ``sys.path`` builds it:
     from typed settings and the loaded domain (the recipe package), or, in an older
     checkout, from the recipe itself (``factory.config``)."""
