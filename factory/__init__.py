@@ -10,7 +10,6 @@ import Ray, aiohttp or the OpenAI SDK.
 
 from __future__ import annotations
 
-from factory.config import RecipeConfig, load_recipe
 from factory.core.compose import CompositionRules
 from factory.core.delta import apply, diff
 from factory.core.export import check_structure, normalize, to_sharegpt
@@ -37,6 +36,7 @@ from factory.errors import (
     ValidationError,
 )
 from factory.io.readers import RawRecord, SeedReject, iter_records, read_seeds
+from factory.recipe import Recipe, RecipeBase, load_recipe
 
 __version__ = "0.1.0"
 
@@ -56,7 +56,8 @@ __all__ = [
     "LLMTimeout",
     "LLMUnavailable",
     "RawRecord",
-    "RecipeConfig",
+    "Recipe",
+    "RecipeBase",
     "RepairError",
     "SeedError",
     "SeedFormatError",

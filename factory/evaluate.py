@@ -428,16 +428,16 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
     if args.recipe:
         import dataclasses
 
-        from factory.config import load_recipe, resolve_recipe_path
         from factory.engine.settings import llm_stages
         from factory.engine.stages.llm_stage import build_client
         from factory.envs.pack import load_domain
+        from factory.recipe import load_recipe, resolve_recipe_path
 
         cfg = load_recipe(resolve_recipe_path(args.recipe), list(args.overrides))
         if cfg.llm is None:
             raise ConfigError("the recipe has no llm section", key_path="llm")
         model = args.model or cfg.llm.model
-        tools = _load_tools(Path(args.tools)) if args.tools else load_domain(cfg).tools
+        tools = _load_tools(Path(args.tools)) if args.tools else load_domain(cfg.domain).tools
         args.domain = cfg.domain.name
         settings = dataclasses.replace(llm_stages(cfg)["amplify"], model=model)
         return build_client(settings), tools

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from factory.config import RecipeConfig
 from factory.errors import FactoryError, UnreachableError
+from factory.recipe import AmplifyRecipe, Recipe
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -123,7 +123,7 @@ def _read_json(out_dir: Path | str, name: str) -> dict[str, Any]:
 
 
 def prior_run(
-    out_dir: Path | str, cfg: RecipeConfig, *, fresh: bool, drop_cache: bool, retry_failed: bool
+    out_dir: Path | str, cfg: Recipe, *, fresh: bool, drop_cache: bool, retry_failed: bool
 ) -> Prior:
     """Read ``OUT/run.json`` and the response cache of an earlier run, if any (``run.json``
     from the store when ``out_dir`` is an ``s3://`` URI).
@@ -182,11 +182,11 @@ def _resumes(state: Mapping[str, Any], target: int | None, retry_failed: bool) -
     return None
 
 
-def measured(out_dir: Path | str, cfg: RecipeConfig) -> tuple[int, int] | None:
+def measured(out_dir: Path | str, cfg: Recipe) -> tuple[int, int] | None:
     """``(rows, calls)`` of the folder's last run that ended (``run.json`` totals: rows
     accepted or surplus, calls used), for the plan's yield; None for a new folder, an
     interrupted run (it wrote no totals) or a mixed recipe (its parts differ)."""
-    if cfg.parts is not None or cfg.pipeline != "amplify":
+    if not isinstance(cfg, AmplifyRecipe):  # no calls, or a mixed recipe's parts
         return None
     totals = _read_json(out_dir, "run.json").get("totals") or {}
     try:
@@ -235,7 +235,7 @@ def _tokens(n: int) -> str:
     return str(n)
 
 
-def caps(cfg: RecipeConfig) -> list[str]:
+def caps(cfg: Recipe) -> list[str]:
     """The recipe's caps on spend, as ``key = value`` text."""
     amp = cfg.amplify
     if amp is None:
@@ -252,7 +252,7 @@ def caps(cfg: RecipeConfig) -> list[str]:
 
 def plan_lines(
     est: Estimate,
-    cfg: RecipeConfig,
+    cfg: Recipe,
     prior: Prior,
     *,
     devserver: bool = False,
@@ -339,14 +339,15 @@ def needs_confirmation(
 # -- before Ray: keys and endpoints ---------------------------------------------------------
 
 
-def _endpoints(cfg: RecipeConfig) -> list[Any]:
+def _endpoints(cfg: Recipe) -> list[Any]:
     """The recipe's endpoints, unless the run starts its own (``llm.serve``)."""
-    if cfg.llm is None or cfg.llm.serve is not None or cfg.pipeline != "amplify":
+    llm = cfg.llm if cfg.calls_llm else None
+    if llm is None or llm.serve is not None:
         return []
-    return list(cfg.llm.endpoints)
+    return list(llm.endpoints)
 
 
-def check_keys(cfg: RecipeConfig) -> None:
+def check_keys(cfg: Recipe) -> None:
     """Every endpoint's key variable is set (or it needs none).
 
     Raises:
@@ -381,7 +382,7 @@ def _connect(address: tuple[str, int], timeout_s: float) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-def check_endpoints(cfg: RecipeConfig, *, timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
+def check_endpoints(cfg: Recipe, *, timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
     """Connect to every endpoint's host and port at once; returns a warning per endpoint
     that did not answer while another did (the pool routes around it).
 

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from factory.config import load_recipe, resolve_recipe_path
 from factory.engine import interrupts
 from factory.engine.console import expected_error, process_start_time, setup_logging
 from factory.envs.pack import check_reviewed
@@ -29,6 +28,7 @@ from factory.errors import (
     ConfigError,
     FactoryError,
 )
+from factory.recipe import load_recipe, resolve_recipe_path
 from factory.secrets import redact
 
 __all__ = ["main"]
@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m factory.run") 
             overrides = [DEVSERVER_PRICE, *overrides, *devserver_overrides(server.url)]
         cfg = load_recipe(resolve_recipe_path(args.recipe), overrides)
         if not args.dry_run and not args.allow_unreviewed:
-            check_reviewed(cfg)  # before a folder, Ray or a paid call
+            check_reviewed(cfg.domains(), cfg.source)  # before a folder, Ray or a paid call
         if args.dry_run:
             from factory.engine.plan import make_plan
             from factory.envs.pack import unreviewed
 
-            for file in unreviewed(cfg):
+            for file in unreviewed(cfg.domains(), cfg.source):
                 print(f"note: {file} still holds x-review marks: a run refuses it", file=sys.stderr)
 
             from factory.preflight import measured
@@ -215,7 +215,7 @@ def _preflight(cfg: Any, out_dir: Path | str, args: argparse.Namespace, *, devse
     preflight.check_keys(cfg)
     for line in preflight.check_endpoints(cfg):
         print(f"warning: {line}", file=sys.stderr)
-    if cfg.pipeline != "amplify":
+    if not cfg.calls_llm:
         print(f"plan: {cfg.pipeline}: no LLM call, nothing is paid", flush=True)
         return True
     prior = preflight.prior_run(
@@ -226,14 +226,12 @@ def _preflight(cfg: Any, out_dir: Path | str, args: argparse.Namespace, *, devse
     from factory.engine.plan import make_plan
 
     plan = make_plan(cfg, with_examples=False, measured=preflight.measured(out_dir, cfg))
-    assert cfg.llm is not None
     batch = cfg.llm.backend == "openai_batch"
     est = preflight.estimate(plan.stages, batch=batch)
     left = preflight.left_to_pay(plan.stages, prior, batch=batch)
     lines = preflight.plan_lines(est, cfg, prior, devserver=devserver, left=left, out_dir=out_dir)
     # stdout: what `ray job submit` keeps in the job's log
     print(plan.render(), *lines, sep="\n")
-    assert cfg.amplify is not None
     threshold = cfg.amplify.confirm_above_usd if args.confirm_above is None else args.confirm_above
     cost = left[1]
     ask = preflight.needs_confirmation(

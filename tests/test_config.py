@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from factory.config import (
+from factory.errors import ConfigError
+from factory.recipe import (
     SCHEMA_PATH,
     apply_overrides,
     config_hash,
@@ -14,7 +15,6 @@ from factory.config import (
     load_recipe,
     resolve_recipe_path,
 )
-from factory.errors import ConfigError
 from tests.conftest import ROOT
 
 BASE = {

@@ -25,8 +25,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from factory.config import SCHEMA_PATH, config_hash, load_recipe
 from factory.errors import ConfigError
+from factory.recipe import SCHEMA_PATH, config_hash, load_recipe
 from factory.run import main
 from tests.conftest import ROOT
 

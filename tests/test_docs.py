@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from factory import errors
-from factory.config import RecipeConfig, json_schema, load_recipe
 from factory.core.schemadoc import key_docs
+from factory.recipe import Recipe, RecipeBase, json_schema, load_recipe
 from factory.schemas import recipe_reference
 from tests.conftest import ROOT
 from tests.helpers import model_field_paths, readme_commands
@@ -88,7 +88,7 @@ def test_the_first_screen_holds_the_set_up_and_the_headline_command_with_its_cos
     assert abs(_planned_cost(cfg) - usd) <= 0.03 * usd  # "about": the dry run's estimate
 
 
-def _planned_cost(cfg: RecipeConfig) -> float:
+def _planned_cost(cfg: Recipe) -> float:
     from factory.engine.plan import make_plan
 
     plan = make_plan(cfg, with_examples=False)
@@ -195,9 +195,9 @@ def test_the_recipe_reference_is_current() -> None:
 
 def test_the_recipe_reference_lists_every_field_with_a_description() -> None:
     documented = {d.path for d in key_docs(json_schema())}
-    assert documented == model_field_paths(RecipeConfig)
+    assert documented == model_field_paths(RecipeBase)
     undescribed = [d.path for d in key_docs(json_schema()) if not d.description]
-    assert not undescribed, f"fields without a description in factory/config.py: {undescribed}"
+    assert not undescribed, f"fields without a description in factory/recipe/: {undescribed}"
 
 
 def test_every_run_option_is_documented() -> None:

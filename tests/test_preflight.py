@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from factory import preflight
-from factory.config import load_recipe
 from factory.engine.plan import StagePlan
 from factory.errors import ConfigError, UnreachableError
+from factory.recipe import load_recipe
 from factory.run import main
 from tests.conftest import ROOT
 from tests.helpers import free_port

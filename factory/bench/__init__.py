@@ -77,17 +77,15 @@ def default_recipe(pipelines: Path | None = None) -> Path:
         ConfigError: none is shipped (pass ``--recipe``).
     """
     from factory import packs
-    from factory.config import load_recipe
     from factory.llm.backends import get_backend
+    from factory.recipe import AmplifyRecipe, load_recipe
 
     pipelines = pipelines or packs.folder("pipelines")
 
     def timed(path: Path) -> bool:
         cfg = load_recipe(path)
-        if cfg.pipeline != "amplify" or cfg.parts is not None:
+        if not isinstance(cfg, AmplifyRecipe):  # one domain, LLM calls
             return False
-        if cfg.llm is None:
-            return True
         return cfg.llm.serve is None and not get_backend(cfg.llm.backend).batched
 
     found = [path for path in sorted(pipelines.glob("*.yaml")) if timed(path)]
@@ -104,13 +102,14 @@ def recipe_seed_files(recipe: Path) -> list[str]:
     Raises:
         ConfigError: the recipe names no seed files (a Hugging Face dataset instead).
     """
-    from factory.config import load_recipe
     from factory.engine.pipeline import expand_seed_paths
+    from factory.recipe import load_recipe
 
     cfg = load_recipe(recipe)
-    if cfg.seeds is None or cfg.seeds.path is None:
+    seeds = cfg.seed_sections()
+    if len(seeds) != 1 or seeds[0].path is None:
         raise ConfigError("the benchmark needs seed files (seeds.path)", key_path="seeds.path")
-    return expand_seed_paths(cfg)
+    return expand_seed_paths(seeds[0])
 
 
 def make_seeds(n: int, out: Path, *, recipe: Path, seed: int = 0) -> Path:
@@ -250,8 +249,8 @@ def _latency_args(kind: str, p99_ratio: float) -> list[str]:
 
 
 def bench_amplify(args: argparse.Namespace, latency: str = "fixed") -> dict[str, Any]:
-    from factory.config import load_recipe
     from factory.engine.runner import run
+    from factory.recipe import load_recipe
     from factory.run import devserver_overrides
 
     load_recipe(args.recipe, args.overrides)  # a bad --set fails here, before any process

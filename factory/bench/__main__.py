@@ -10,8 +10,8 @@ from typing import Any
 
 from factory.bench import STORM_DEFECTS, bench_amplify, bench_storm, default_recipe
 from factory.bench.postprocess import bench_postprocess
-from factory.config import resolve_recipe_path
 from factory.errors import ConfigError
+from factory.recipe import resolve_recipe_path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,14 +83,13 @@ def _postprocess_worker(path: str, repeat: int, recipe: str) -> dict[str, Any]:
     import importlib
 
     import factory
-    from factory.config import load_recipe
 
     # Ask the tree itself: an editable install's finder would serve ``factory.engine``
     # from the installed tree even when ``factory`` comes from an older checkout.
     layered = (Path(factory.__file__).parent / "engine").is_dir()
     stages = "factory.engine.stages" if layered else "factory.stages"  # before the layers
     make_row = importlib.import_module(f"{stages}.base").make_row
-    stage = importlib.import_module(f"{stages}.postprocess").PostprocessStage(load_recipe(recipe))
+    stage = _postprocess_stage(importlib.import_module(f"{stages}.postprocess"), recipe)
     completions: list[str] = json.loads(Path(path).read_text())
     columns = ("status", "stage", "reason", "message", "id", "output", "labels", "raw")
     best, digest, accepted = float("inf"), "", 0
@@ -183,3 +182,21 @@ def bench_postprocess(args: argparse.Namespace) -> dict[str, Any]:
         report["same_outputs"] = old["outputs_sha256"] == new["outputs_sha256"]
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def _postprocess_stage(module: Any, recipe: str | Path) -> Any:
+    """The post-processing stage of ``recipe`` as the ``factory`` on ``sys.path`` builds it:
+    from typed settings and the loaded domain (the recipe package), or, in an older
+    checkout, from the recipe itself (``factory.config``)."""
+    import importlib
+    import importlib.util
+
+    typed = importlib.util.find_spec("factory.recipe") is not None
+    cfg = importlib.import_module("factory.recipe" if typed else "factory.config").load_recipe(
+        recipe
+    )
+    if not typed:
+        return module.PostprocessStage(cfg)
+    settings = importlib.import_module("factory.engine.settings").postprocess_settings(cfg)
+    domain = importlib.import_module("factory.envs.pack").load_domain(cfg.domain)
+    return module.PostprocessStage(settings, domain)

@@ -82,6 +82,12 @@ class Rule:
         object.__setattr__(self, "validator", compile_schema(dict(self.schema)))
         object.__setattr__(self, "fast", fast_check(dict(self.schema)))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it was made from: a stage spec carries the domain (its rules
+        included) to every worker, and the compiled validator pickles by value to tens of
+        kB per rule (jsonschema's registry); it is compiled again on arrival."""
+        return (Rule, (self.id, self.argument, self.schema, self.description, self.tools))
+
     @property
     def code(self) -> str:
         return f"domain:{self.id}"

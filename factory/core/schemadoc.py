@@ -3,7 +3,7 @@
 Why generated: the recipe reference in the documentation site
 (``docs/reference/recipe.md``) must say what the recipe schema says, and a
 hand-written page drifts the day a field is added. The recipe's one source of
-truth is ``factory/config.py``; ``python -m factory.schemas`` writes the shipped
+truth is ``factory/recipe/``; ``python -m factory.schemas`` writes the shipped
 JSON Schema from it and this page from that schema, and a test fails while the
 committed page differs from what this module renders.
 

@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.config import RecipeConfig
+    from factory.recipe import Recipe
 
 __all__ = ["BudgetActor", "BudgetState", "budget_actor", "check_cost_cap_priced"]
 
 
-def check_cost_cap_priced(cfg: RecipeConfig) -> None:
+def check_cost_cap_priced(cfg: Recipe) -> None:
     """Refuse a ``max_cost_usd`` cap when a model it must watch has no price.
 
     Raises:
@@ -54,8 +54,8 @@ def check_cost_cap_priced(cfg: RecipeConfig) -> None:
     from factory.engine.settings import llm_stages
     from factory.llm.pricing import PRICES_AS_OF, PriceTable
 
-    amp = cfg.amplify
-    if cfg.pipeline != "amplify" or amp is None or amp.max_cost_usd is None or cfg.llm is None:
+    max_cost_usd = cfg.spend_caps()[0]  # None for a job that pays for no call
+    if max_cost_usd is None:
         return
     keys = {"amplify": "llm.model", "prefilter": "prefilter.model"}
     used = [(keys[name], s.model) for name, s in llm_stages(cfg).items()]
@@ -63,7 +63,7 @@ def check_cost_cap_priced(cfg: RecipeConfig) -> None:
     for key, model in used:
         if model not in table:
             raise ConfigError(
-                f"amplify.max_cost_usd is {amp.max_cost_usd} but {key} {model!r} has no price "
+                f"amplify.max_cost_usd is {max_cost_usd} but {key} {model!r} has no price "
                 f"(built-in prices as of {PRICES_AS_OF} do not list it), so its spend would "
                 "count as 0 and the cap could never stop the run; give it a price in the "
                 f"recipe, in USD per million tokens: prices: {{{model}: {{input_per_mtok: ..., "

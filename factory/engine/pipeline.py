@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from factory.config import RecipeConfig
+from factory.engine.settings import ExportSettings, SeedCheckSettings
 from factory.engine.stages.export import ExportStage
 from factory.engine.stages.seeds import SeedCheckStage, raw_record_rows
-from factory.envs.pack import load_domain
+from factory.envs.pack import Domain
 from factory.errors import ConfigError, SeedFormatError
-from factory.io.objectstore import is_uri
 from factory.io.readers import iter_hf_records, iter_records, resolve_paths, unusable_reason
+from factory.recipe import SeedsConfig
 
 __all__ = [
     "build_export",
@@ -33,24 +33,23 @@ __all__ = [
 ]
 
 
-def expand_seed_paths(cfg: RecipeConfig) -> list[str]:
-    """The seed files a recipe names (paths, folders, globs; relative to the recipe).
+def expand_seed_paths(seeds: SeedsConfig) -> list[str]:
+    """The seed files a recipe's ``seeds`` section names (paths, folders, globs; resolved
+    when the recipe was loaded; a URI such as ``s3://...`` is read where it is).
 
     Raises:
         ConfigError: a spec matches nothing (key path ``seeds.path``).
     """
-    assert cfg.seeds is not None  # curate / amplify recipes always have seeds (config check)
-    specs = cfg.seeds.path if isinstance(cfg.seeds.path, list) else [cfg.seeds.path]
+    specs = seeds.path if isinstance(seeds.path, list) else [seeds.path]
     try:
-        # A URI (s3://...) is read where it is; a path is relative to the recipe.
-        files = resolve_paths([s if is_uri(s) else str(cfg.resolve(s)) for s in specs if s])
+        files = resolve_paths([s for s in specs if s])
     except ConfigError as exc:
         raise ConfigError(str(exc).split(": ", 1)[-1], key_path="seeds.path") from exc
     return sorted(dict.fromkeys(str(f) for f in files))
 
 
-def check_seed_files(cfg: RecipeConfig) -> list[str]:
-    """The recipe's seed files, each checked to hold usable records at its start.
+def check_seed_files(seeds: SeedsConfig) -> list[str]:
+    """The section's seed files, each checked to hold usable records at its start.
 
     Runs on the driver before Ray starts (seconds, a few MB of memory at most):
     a wrong file (CSV, a compressed or binary file, an empty one, records in no
@@ -61,10 +60,9 @@ def check_seed_files(cfg: RecipeConfig) -> list[str]:
         ConfigError: a spec matches no file (exit 2, key path ``seeds.path``).
         SeedFormatError: a file holds nothing usable (exit 3, the path and why).
     """
-    assert cfg.seeds is not None
-    if cfg.seeds.hf_dataset:
+    if seeds.hf_dataset:
         return []
-    paths = expand_seed_paths(cfg)
+    paths = expand_seed_paths(seeds)
     for path in paths:
         why = unusable_reason(path)
         if why is not None:
@@ -74,43 +72,41 @@ def check_seed_files(cfg: RecipeConfig) -> list[str]:
     return paths
 
 
-def _raw_rows(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+def _raw_rows(seeds: SeedsConfig) -> Iterator[dict[str, Any]]:
     """Raw seed rows read on the driver (dry runs and Hugging Face sources)."""
-    assert cfg.seeds is not None
-    if cfg.seeds.hf_dataset:
-        records = iter_hf_records(cfg.seeds.hf_dataset, cfg.seeds.hf_split)
+    if seeds.hf_dataset:
+        records = iter_hf_records(seeds.hf_dataset, seeds.hf_split)
         yield from raw_record_rows(records)
         return
-    for path in expand_seed_paths(cfg):  # a record at a time (JSONL and Parquet stream)
+    for path in expand_seed_paths(seeds):  # a record at a time (JSONL and Parquet stream)
         yield from raw_record_rows(iter_records(path))
 
 
-def seed_rows_local(cfg: RecipeConfig) -> Iterator[dict[str, Any]]:
+def seed_rows_local(seeds: SeedsConfig) -> Iterator[dict[str, Any]]:
     """Raw rows with ``seeds.limit`` applied: the driver-side twin of ``seed_dataset``."""
-    assert cfg.seeds is not None
-    for n, row in enumerate(_raw_rows(cfg)):
-        if cfg.seeds.limit is not None and n >= cfg.seeds.limit:
+    for n, row in enumerate(_raw_rows(seeds)):
+        if seeds.limit is not None and n >= seeds.limit:
             return
         yield row
 
 
-def build_seed_check(cfg: RecipeConfig) -> SeedCheckStage:
-    """Inside an actor: load the domain pack once and build the stage."""
-    assert cfg.seeds is not None
+def build_seed_check(settings: SeedCheckSettings, domain: Domain) -> SeedCheckStage:
+    """Inside an actor: the seed checks over the domain the driver loaded."""
     return SeedCheckStage(
-        load_domain(cfg),
-        tools_from_domain=cfg.seeds.tools_from_domain,
-        min_reward=cfg.seeds.min_reward,
-        reasoning=cfg.output.reasoning,
+        domain,
+        tools_from_domain=settings.tools_from_domain,
+        min_reward=settings.min_reward,
+        reasoning=settings.reasoning,
     )
 
 
-def build_export(cfg: RecipeConfig) -> ExportStage:
+def build_export(settings: ExportSettings, domain: Domain) -> ExportStage:
+    """Inside an actor: the curate job's export (quality filters, the domain's kind)."""
     from factory.engine.quality import build_decontaminator, neardup_params
 
     return ExportStage(
-        cfg.output.reasoning,
-        decontam=build_decontaminator(cfg),
-        neardup=neardup_params(cfg),
-        text_actions=cfg.domain.grammar is not None,
+        settings.reasoning,
+        decontam=build_decontaminator(settings.quality),
+        neardup=neardup_params(settings.quality.near_duplicates),
+        text_actions=domain.grammar is not None,
     )

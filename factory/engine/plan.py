@@ -18,18 +18,19 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.jobs.amplify import PRIOR_CALLS, yield_estimate
 from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
-from factory.engine.settings import llm_stages
+from factory.engine.settings import llm_stages, seed_check_settings
 from factory.engine.stages.amplify import Companions
 from factory.engine.stages.base import OK
 from factory.envs.pack import load_domain
 from factory.llm.pricing import PriceTable, cost
+from factory.recipe import AmplifyRecipe, EnvsimRecipe, MixRecipe, Recipe
 
 __all__ = ["Plan", "StagePlan", "Yield", "expected_yield", "make_plan"]
 
@@ -67,7 +68,7 @@ class Yield:
         )
 
 
-def expected_yield(cfg: RecipeConfig, measured: tuple[int, int] | None = None) -> Yield:
+def expected_yield(cfg: AmplifyRecipe, measured: tuple[int, int] | None = None) -> Yield:
     """The yield to plan ``cfg``'s calls with, and its source.
 
     ``measured``: ``(rows, calls)`` of an earlier run of the output folder (its
@@ -76,7 +77,6 @@ def expected_yield(cfg: RecipeConfig, measured: tuple[int, int] | None = None) -
     recipe's rate, 200 do. Without it, the recipe's ``amplify.expected_yield``, named
     as a default when the recipe does not set it.
     """
-    assert cfg.amplify is not None
     declared = cfg.amplify.expected_yield
     if measured is not None and measured[1] > 0:
         rows, calls = measured
@@ -153,7 +153,7 @@ class Plan:
 
 
 def _cost(
-    cfg: RecipeConfig, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
+    cfg: Recipe, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
 ) -> float | None:
     table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
     price = table.lookup_batch(model) if batch else table.lookup(model)
@@ -168,7 +168,7 @@ def _cost(
 
 
 def _stage(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     stage: str,
     model: str,
     calls: int,
@@ -192,17 +192,23 @@ def _stage(
 
 
 def make_plan(
-    cfg: RecipeConfig, *, with_examples: bool = True, measured: tuple[int, int] | None = None
+    cfg: Recipe,
+    *,
+    with_examples: bool = True,
+    measured: tuple[int, int] | None = None,
 ) -> Plan:
     """Check the seeds and estimate every LLM stage of ``cfg``; ``measured``: the
     ``(rows, calls)`` an earlier run of the output folder gave (``expected_yield``)."""
-    if cfg.parts is not None:
+    if isinstance(cfg, MixRecipe):
         return _mixed_plan(cfg, with_examples=with_examples)
-    check_seed_files(cfg)  # the run's own check: a dry run refuses what the run refuses
+    if isinstance(cfg, EnvsimRecipe):  # no seeds and no LLM stage: nothing to plan
+        return Plan()
+    check_seed_files(cfg.seeds)  # the run's own check: a dry run refuses what the run refuses
     plan = Plan()
-    check = build_seed_check(cfg)
+    domain = load_domain(cfg.domain)
+    check = build_seed_check(seed_check_settings(cfg), domain)
     valid: list[Trajectory] = []
-    for row in seed_rows_local(cfg):
+    for row in seed_rows_local(cfg.seeds):
         plan.seeds_read += 1
         if row["status"] == OK:
             row = check.run_one(row)
@@ -212,15 +218,11 @@ def make_plan(
             plan.reject_reasons[row["reason"] or "unknown"] += 1
     plan.seeds_valid = len(valid)
     plan.seeds_rejected = plan.seeds_read - plan.seeds_valid
-    if cfg.pipeline != "amplify" or not valid:
+    if not isinstance(cfg, AmplifyRecipe) or not valid:  # curate: no LLM stage to plan
         return plan
-    assert cfg.llm is not None and cfg.amplify is not None  # checked when loading
-    domain = load_domain(cfg)
 
     if cfg.prefilter.enabled:
-        judge = PromptTemplate(
-            cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt"
-        )
+        judge = PromptTemplate(Path(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
         prompts = [judge.render(t) for t in valid]
         mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
         model = llm_stages(cfg)["prefilter"].model
@@ -238,7 +240,7 @@ def make_plan(
         if with_examples:
             plan.example_prompts["prefilter"] = prompts[0].messages
 
-    amplify = PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain, key_path="amplify.prompt")
+    amplify = PromptTemplate(Path(cfg.amplify.prompt), domain, key_path="amplify.prompt")
     planned = expected_yield(cfg, measured)
     calls = math.ceil(cfg.amplify.target / planned.value)
     if cfg.amplify.max_calls is not None:
@@ -271,13 +273,10 @@ def make_plan(
     return plan
 
 
-def _mixed_plan(cfg: RecipeConfig, *, with_examples: bool) -> Plan:
+def _mixed_plan(cfg: MixRecipe, *, with_examples: bool) -> Plan:
     """A recipe with parts: every part's plan, its stages named ``stage/label``."""
-    from pathlib import Path
-
     from factory.engine.jobs.mix import part_label, part_recipe
 
-    assert cfg.parts is not None
     plan = Plan()
     for i, part in enumerate(cfg.parts):
         sub = make_plan(part_recipe(cfg, i, Path(cfg.output.dir)), with_examples=with_examples)

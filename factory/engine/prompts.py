@@ -25,12 +25,12 @@ from typing import Any
 
 import jinja2
 
-from factory.config import RecipeConfig
 from factory.core.formats.completion import render_output
 from factory.core.formats.textaction import render_messages
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.envs.pack import Domain, load_domain
 from factory.errors import ConfigError, FactoryError
+from factory.recipe import AmplifyRecipe, Recipe
 
 __all__ = ["DIRECTIONS", "Prompt", "PromptTemplate", "estimate_tokens", "prompt_fingerprints"]
 
@@ -167,7 +167,7 @@ class PromptTemplate:
         return Prompt(messages=messages, static_chars=len(self.static))
 
 
-def prompt_fingerprints(cfg: RecipeConfig) -> dict[str, str]:
+def prompt_fingerprints(cfg: Recipe) -> dict[str, str]:
     """Per LLM stage of a single-domain recipe, a hash of what all its requests share: the
     model, the sampling parameters, the template's text and the static block it renders
     (the pack's policy and tools).
@@ -179,20 +179,19 @@ def prompt_fingerprints(cfg: RecipeConfig) -> dict[str, str]:
     Returns {} for a recipe without LLM stages, a mixed one, or one whose pack or
     templates do not load (the job then reports that).
     """
-    if cfg.llm is None or cfg.parts is not None:
+    if not isinstance(cfg, AmplifyRecipe):  # no LLM stage, or a mixed recipe
         return {}
     stages: list[tuple[str, str, str]] = []
     if cfg.prefilter.enabled:
         stages.append(("prefilter", cfg.prefilter.prompt, cfg.prefilter.model or cfg.llm.model))
-    if cfg.amplify is not None:
-        grounding = cfg.amplify.grounding
-        path = grounding.prompt if grounding is not None else cfg.amplify.prompt
-        stages.append(("amplify", path, cfg.llm.model))
+    grounding = cfg.amplify.grounding
+    path = grounding.prompt if grounding is not None else cfg.amplify.prompt
+    stages.append(("amplify", path, cfg.llm.model))
     out: dict[str, str] = {}
     try:
-        domain = load_domain(cfg)
+        domain = load_domain(cfg.domain)
         for stage, path, model in stages:
-            file = cfg.resolve(path)
+            file = Path(path)
             template = PromptTemplate(file, domain, key_path=stage)
             body = {
                 "model": model,

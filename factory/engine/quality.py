@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.decontam import DECONTAM_STAGE, Decontaminator, load_benchmark_texts
 from factory.core.neardup import NearDupIndex, NearDupParams
+from factory.engine.settings import QualitySettings, quality_settings
 from factory.io.writer import Manifest
+from factory.recipe import NearDupConfig, Recipe
 
 __all__ = [
     "INDEX_FILE",
@@ -27,8 +28,8 @@ __all__ = [
 INDEX_FILE = "neardup.index"  # OUT/neardup.index: what a later run's near_duplicates.index names
 
 
-def neardup_params(cfg: RecipeConfig) -> NearDupParams | None:
-    nd = cfg.near_duplicates
+def neardup_params(nd: NearDupConfig | None) -> NearDupParams | None:
+    """The signature parameters of ``near_duplicates`` (None without the section)."""
     if nd is None:
         return None
     return NearDupParams(
@@ -36,30 +37,30 @@ def neardup_params(cfg: RecipeConfig) -> NearDupParams | None:
     )
 
 
-def build_neardup_index(cfg: RecipeConfig) -> NearDupIndex | None:
-    """The run's index, holding every earlier run's index the recipe names."""
-    params = neardup_params(cfg)
-    if params is None:
+def build_neardup_index(nd: NearDupConfig | None) -> NearDupIndex | None:
+    """The run's index, holding every earlier run's index the section names."""
+    params = neardup_params(nd)
+    if nd is None or params is None:
         return None
-    assert cfg.near_duplicates is not None
     index = NearDupIndex(params)
-    for path in cfg.near_duplicates.index:
-        index.load_into(cfg.resolve(path))
+    for path in nd.index:
+        index.load_into(Path(path))
     return index
 
 
-def build_decontaminator(cfg: RecipeConfig) -> Decontaminator | None:
-    dc = cfg.decontamination
+def build_decontaminator(quality: QualitySettings) -> Decontaminator | None:
+    """The decontaminator of a stage's quality settings (its benchmark files read now)."""
+    dc = quality.decontamination
     if dc is None:
         return None
-    texts = [t for path in dc.benchmark for t in load_benchmark_texts(cfg.resolve(path))]
-    excluded = [*dc.exclude_task_ids, *(cfg.mixture.exclude_task_ids if cfg.mixture else [])]
+    texts = [t for path in dc.benchmark for t in load_benchmark_texts(Path(path))]
+    excluded = [*dc.exclude_task_ids, *quality.excluded_ids]
     return Decontaminator(texts, n=dc.n, threshold=dc.threshold, exclude_ids=excluded)
 
 
-def decontam_summary(cfg: RecipeConfig, manifest: Manifest) -> dict[str, Any] | None:
+def decontam_summary(cfg: Recipe, manifest: Manifest) -> dict[str, Any] | None:
     """The manifest's ``decontamination`` section (``None`` without the recipe section)."""
-    decontam = build_decontaminator(cfg)
+    decontam = build_decontaminator(quality_settings(cfg))
     if decontam is None:
         return None
     rejected = manifest.reasons.get(DECONTAM_STAGE)

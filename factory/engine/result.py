@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig, config_hash
 from factory.engine.console import ProgressBar, run_clock
 from factory.engine.ledger import Ledger
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
+from factory.recipe import MixRecipe, Recipe, config_hash
 
 __all__ = [
     "CAPS",
@@ -133,7 +133,7 @@ def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
     return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
 
 
-def new_manifest(cfg: RecipeConfig) -> Manifest:
+def new_manifest(cfg: Recipe) -> Manifest:
     """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
     started, since = run_clock()
     manifest = Manifest(
@@ -143,14 +143,14 @@ def new_manifest(cfg: RecipeConfig) -> Manifest:
     return manifest
 
 
-def domain_summary(cfg: RecipeConfig) -> dict[str, Any]:
+def domain_summary(cfg: Recipe) -> dict[str, Any]:
     """The manifest's ``domain``: its name and every tool it offers, so the report can
     list the tools no row called (envsim's step samples carry no tool list)."""
-    if cfg.parts is not None:  # each part's rows carry their own domain's tools
+    if isinstance(cfg, MixRecipe):  # each part's rows carry their own domain's tools
         return {"name": cfg.domain.name, "parts": [p.label or p.domain.name for p in cfg.parts]}
     from factory.envs.pack import load_domain
 
-    tools = [str(t.get("name")) for t in load_domain(cfg).public_tools()]
+    tools = [str(t.get("name")) for t in load_domain(cfg.domain).public_tools()]
     return {"name": cfg.domain.name, "tools": sorted(tools)}
 
 

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from factory.config import RecipeConfig
 from factory.engine import interrupts
 from factory.engine.console import (
     LOG_FILE,
@@ -36,10 +35,11 @@ from factory.engine.loop import drive, wind_down
 from factory.engine.pool import ActorPool
 from factory.engine.raycompat import ray_address
 from factory.engine.result import RunResult, new_manifest, write_manifest
-from factory.engine.settings import per_actor_concurrency
+from factory.engine.settings import llm_slots
 from factory.engine.watchdog import Lifeline
 from factory.errors import FactoryError, OutputWriteError
 from factory.io.writer import atomic_write_text, prepare_conversion
+from factory.recipe import AmplifyRecipe, CurateRecipe, EnvsimRecipe, MixRecipe, Recipe
 
 if TYPE_CHECKING:
     from factory.io.mirror import Mirror
@@ -49,7 +49,7 @@ __all__ = ["RunResult", "run", "run_job"]
 log = logging.getLogger(__name__)
 
 
-def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunResult:
+def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
     """Run the job ``cfg`` declares (curate, amplify or envsim) through the one driver loop
     and write its manifest from the run's ledger and the job's own sections."""
     from factory.engine.raycompat import init_ray
@@ -76,11 +76,7 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
                 capacity=worker_capacity(cfg),
                 lifeline=lifeline.address,
                 placement=cfg.ray.placement,
-                slots_per_worker=(
-                    per_actor_concurrency(cfg)
-                    if cfg.pipeline == "amplify" and cfg.llm is not None
-                    else None
-                ),
+                slots_per_worker=llm_slots(cfg),
             )
             try:
                 stopped_by = drive(
@@ -124,7 +120,7 @@ def run_job(cfg: RecipeConfig, out_dir: Path, *, progress: bool = True) -> RunRe
     return result
 
 
-def _let_in_flight_finish(cfg: RecipeConfig, pool: ActorPool, job: Any, exc: BaseException) -> None:
+def _let_in_flight_finish(cfg: Recipe, pool: ActorPool, job: Any, exc: BaseException) -> None:
     """The loop ended at once (``exc``: an interrupt, a failed write): the requests on the
     wire get ``llm.stop_grace_s`` to finish and be stored (``loop.wind_down``) before the
     pool is closed. A second Ctrl-C meanwhile ends the process at once (``interrupts``).
@@ -164,14 +160,11 @@ def _add_unstored_note(job: Any, exc: FactoryError) -> None:
         exc.details = (*exc.details, note)
 
 
-def caps_of(cfg: RecipeConfig) -> Caps:
-    amp = cfg.amplify
-    if amp is None or cfg.pipeline != "amplify":
-        return Caps()
-    return Caps(amp.max_cost_usd, amp.max_tokens, amp.max_calls)
+def caps_of(cfg: Recipe) -> Caps:
+    return Caps(*cfg.spend_caps())
 
 
-def worker_capacity(cfg: RecipeConfig) -> int:
+def worker_capacity(cfg: Recipe) -> int:
     """Items one worker holds at once: twice its LLM request slots (a finished request's
     slot is refilled from its queue without waiting for the driver), or a few CPU items.
 
@@ -180,9 +173,8 @@ def worker_capacity(cfg: RecipeConfig) -> int:
     fails then took 139 s instead of 42 s to stop
     (``tests/e2e/test_budget.py::test_a_run_whose_calls_all_fail_exits_incomplete_not_0``):
     each queued item still goes through its failure. Kept at twice (2026-11-26)."""
-    if cfg.pipeline == "amplify" and cfg.llm is not None:
-        return 2 * per_actor_concurrency(cfg)
-    return 8
+    slots = llm_slots(cfg)
+    return 2 * slots if slots is not None else 8
 
 
 def lifeline_host() -> str:
@@ -195,19 +187,21 @@ def lifeline_host() -> str:
     return str(ray.util.get_node_ip_address())
 
 
-def declare(cfg: RecipeConfig, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
-    """The job ``cfg.pipeline`` names, declared."""
-    if cfg.pipeline == "curate":
+def declare(cfg: Recipe, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
+    """The job of the recipe's kind, declared."""
+    if isinstance(cfg, CurateRecipe):
         from factory.engine.jobs.curate import CurateJob
 
         return CurateJob(cfg, out_dir, manifest)
-    if cfg.pipeline == "envsim":
+    if isinstance(cfg, EnvsimRecipe):
         from factory.engine.jobs.envsim import EnvsimJob
 
         return EnvsimJob(cfg, out_dir, manifest)
-    from factory.engine.jobs.amplify import AmplifyJob
+    if isinstance(cfg, AmplifyRecipe):
+        from factory.engine.jobs.amplify import AmplifyJob
 
-    return AmplifyJob(cfg, out_dir, manifest, add_chain)
+        return AmplifyJob(cfg, out_dir, manifest, add_chain)
+    raise TypeError(f"no job declares a {type(cfg).__name__} (run_mix runs its parts)")
 
 
 def _final_wall_time(out_dir: Path, result: RunResult) -> None:
@@ -227,7 +221,7 @@ def _final_wall_time(out_dir: Path, result: RunResult) -> None:
 
 
 def run(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path | str,
     *,
     progress: bool = True,
@@ -266,13 +260,8 @@ def run(
     local = mirror_dir(target) if isinstance(target, str) else target
     if isinstance(target, str) and cfg.cache.enabled and not cfg.cache.path:
         cfg.cache.path = f"{target}/cache"  # on the store: a new head pays nothing twice
-    if cfg.parts is not None:  # a mixed recipe: every part's seeds
-        from factory.engine.jobs.mix import part_recipe
-
-        for i in range(len(cfg.parts)):
-            check_seed_files(part_recipe(cfg, i, local))
-    elif cfg.pipeline != "envsim":
-        check_seed_files(cfg)  # before the folder or Ray: unusable seeds stop the run here
+    for seeds in cfg.seed_sections():  # every part's of a mixed recipe; none for envsim
+        check_seed_files(seeds)  # before the folder or Ray: unusable seeds stop the run here
     cfg.output.dir = str(local)  # actors find the output (and its cache) through the recipe
     check_cost_cap_priced(cfg)  # before the folder is touched
     if not isinstance(target, str):
@@ -297,7 +286,7 @@ def run(
 
 
 def _run_locked(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path,
     progress: bool,
     fresh: bool,
@@ -334,7 +323,7 @@ def _run_locked(
         kept = f" (kept at {mirror.uri}/{LOG_FILE.as_posix()} at the end)" if mirror else ""
         print(f"log (Ray's messages, retries): {log}{kept}", file=console())
         _say_prompt_changes(cfg, out_dir)
-        if cfg.parts is not None:
+        if isinstance(cfg, MixRecipe):
             from factory.engine.jobs.mix import run_mix
 
             result = run_mix(cfg, out_dir, run_job=run_job, progress=progress)
@@ -423,7 +412,7 @@ def _write_documents(out_dir: Path, result: RunResult) -> None:
     )
 
 
-def _say_prompt_changes(cfg: RecipeConfig, out_dir: Path) -> None:
+def _say_prompt_changes(cfg: Recipe, out_dir: Path) -> None:
     """Before any call: which stages' prompts changed since the folder's last run, and how
     many cached answers that leaves unused (``factory.io.runstate.note_prompt_changes``)."""
     from factory.engine.prompts import prompt_fingerprints

@@ -49,9 +49,9 @@ from typing import Any
 
 import ray
 
-from factory.config import EndpointConfig, RecipeConfig, ServeConfig
 from factory.engine.console import console
 from factory.errors import ConfigError, ServeError, short
+from factory.recipe import EndpointConfig, Recipe, ServeConfig
 
 __all__ = [
     "ReplicaActor",
@@ -552,7 +552,7 @@ def _resources_summary() -> str:
 
 
 @contextlib.contextmanager
-def serving(cfg: RecipeConfig) -> Iterator[ServePool | None]:
+def serving(cfg: Recipe) -> Iterator[ServePool | None]:
     """Bring the recipe's pool up around a run: ``cfg.llm.endpoints`` become the replicas'
     URLs inside the block; every replica is stopped when it exits, however it exits.
     Yields ``None`` (and does nothing) when the recipe has no ``llm.serve``.

@@ -10,11 +10,18 @@ A text-action domain (AgentBench style: the action is text in the agent's turn)
 names an action grammar (``domain.grammar``, ``factory.core.grammar``) instead of
 tools, and may name multi-app composition rules (``domain.compose``,
 ``factory.core.compose``); it has no tools and needs no plug-in.
+
+The loader reads the recipe's ``domain`` section only, whose paths the recipe
+resolved when it was loaded (``factory.recipe.paths``): it never calls back into the
+recipe. A pack is read once per process while its files are unchanged (``load_domain``
+keeps it by the section and the files' sizes and times): the driver loads it once per
+run and hands the ``Domain`` to the stages it declares.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,11 +30,11 @@ from factory.core.trajectory import normalize_tool_spec
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.config import DomainConfig, RecipeConfig
     from factory.core.compose import CompositionRules
     from factory.core.grammar import ActionGrammar
     from factory.core.rules import DomainRules
     from factory.envs.plugin import DataPack
+    from factory.recipe import DomainConfig
 
 __all__ = [
     "KINDS",
@@ -95,35 +102,66 @@ def _load_tools(path: Path, key_path: str) -> tuple[list[dict[str, Any]], dict[s
     return tools, kinds
 
 
-def load_domain(cfg: RecipeConfig) -> Domain:
-    """Load the pack the recipe's ``domain`` section points at.
+#: Domains loaded in this process, by their section and their files' (size, mtime).
+_LOADED: dict[tuple[str, tuple[tuple[int, int] | None, ...]], Domain] = {}
+
+
+def load_domain(domain: DomainConfig) -> Domain:
+    """Load the pack a recipe's ``domain`` section points at (its paths resolved).
+
+    The same section over unchanged files gives the same ``Domain`` object without
+    reading them again (the driver asks in several places during a run); treat it
+    as read-only.
 
     Raises:
         ConfigError: a file is missing or malformed (the key path names the recipe field).
     """
-    if cfg.domain.grammar is not None:
-        return _text_action_domain(cfg)
-    tools_path, policy_path, rules_path = _pack_paths(cfg)
+    key = (domain.model_dump_json(), tuple(_stat(p) for p in _section_files(domain)))
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        loaded = _text_action_domain(domain) if domain.grammar is not None else _tool_domain(domain)
+        if len(_LOADED) > 64:
+            _LOADED.clear()
+        _LOADED[key] = loaded
+    return loaded
+
+
+def _section_files(domain: DomainConfig) -> list[str]:
+    return [
+        f for f in (domain.tools, domain.policy, domain.rules, domain.grammar, domain.compose) if f
+    ]
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _tool_domain(d: DomainConfig) -> Domain:
+    """A domain whose actions are tool calls: the section's files or its plug-in's pack."""
+    tools_path, policy_path, rules_path = _pack_paths(d)
     tools, kinds = _load_tools(tools_path, "domain.tools")
     policy = _read_policy(policy_path)
     rules = _read_rules(rules_path)
-    return Domain(name=cfg.domain.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
+    return Domain(name=d.name, tools=tools, policy=policy, rules=rules, kinds=kinds)
 
 
-def _text_action_domain(cfg: RecipeConfig) -> Domain:
+def _text_action_domain(d: DomainConfig) -> Domain:
     """A domain whose actions are text: grammar, policy, rules and composition rules."""
     from factory.core.compose import CompositionRules
     from factory.core.grammar import ActionGrammar
 
-    d = cfg.domain
-    assert d.grammar is not None
-    grammar = ActionGrammar.load(cfg.resolve(d.grammar))
-    compose = CompositionRules.load(cfg.resolve(d.compose), grammar) if d.compose else None
+    assert d.grammar is not None  # the caller's branch
+    grammar = ActionGrammar.load(Path(d.grammar))
+    compose = CompositionRules.load(Path(d.compose), grammar) if d.compose else None
     return Domain(
         name=d.name,
         tools=[],
-        policy=_read_policy(cfg.resolve(d.policy) if d.policy else None),
-        rules=_read_rules(cfg.resolve(d.rules) if d.rules else None),
+        policy=_read_policy(Path(d.policy) if d.policy else None),
+        rules=_read_rules(Path(d.rules) if d.rules else None),
         grammar=grammar,
         compose=compose,
     )
@@ -155,16 +193,13 @@ def _read_rules(rules_path: Path | None) -> DomainRules | None:
     return rules
 
 
-def _pack_paths(
-    cfg: RecipeConfig, domain: DomainConfig | None = None
-) -> tuple[Path, Path | None, Path | None]:
-    """The recipe's files, or (when it names no tools) its domain plug-in's pack."""
-    d = domain if domain is not None else cfg.domain
+def _pack_paths(d: DomainConfig) -> tuple[Path, Path | None, Path | None]:
+    """The section's files, or (when it names no tools) its domain plug-in's pack."""
     if d.tools is not None:
         return (
-            cfg.resolve(d.tools),
-            cfg.resolve(d.policy) if d.policy else None,
-            cfg.resolve(d.rules) if d.rules else None,
+            Path(d.tools),
+            Path(d.policy) if d.policy else None,
+            Path(d.rules) if d.rules else None,
         )
     from factory.envs.registry import get_plugin
 
@@ -178,8 +213,8 @@ def _pack_paths(
     assert pack is not None
     return (
         pack.tools,
-        cfg.resolve(d.policy) if d.policy else pack.policy,
-        cfg.resolve(d.rules) if d.rules else pack.rules,
+        Path(d.policy) if d.policy else pack.policy,
+        Path(d.rules) if d.rules else pack.rules,
     )
 
 
@@ -197,14 +232,13 @@ def domain_from_pack(name: str, pack: DataPack) -> Domain:
     return Domain(name=name, tools=tools, policy=policy, rules=rules, kinds=kinds)
 
 
-def unreviewed(cfg: RecipeConfig) -> list[Path]:
-    """The files of the recipe's packs, and the recipe itself, that still hold the
-    :data:`REVIEW_MARKER` of a scaffold (each part's pack for a mixed recipe)."""
-    files: list[Path] = [cfg.source] if cfg.source is not None else []
-    domains = [p.domain for p in cfg.parts] if cfg.parts else [cfg.domain]
+def unreviewed(domains: list[DomainConfig], recipe_file: Path | None = None) -> list[Path]:
+    """The files of these packs, and the recipe file, that still hold the
+    :data:`REVIEW_MARKER` of a scaffold (a mixed recipe: each part's pack)."""
+    files: list[Path] = [recipe_file] if recipe_file is not None else []
     for domain in domains:
         try:
-            files += [f for f in _pack_paths(cfg, domain) if f is not None]
+            files += [f for f in _pack_paths(domain) if f is not None]
         except ConfigError:
             continue  # an unknown domain: load_domain names it when the run needs it
     marked = []
@@ -218,13 +252,13 @@ def unreviewed(cfg: RecipeConfig) -> list[Path]:
     return marked
 
 
-def check_reviewed(cfg: RecipeConfig) -> None:
+def check_reviewed(domains: list[DomainConfig], recipe_file: Path | None = None) -> None:
     """Refuse a recipe whose pack a person has not reviewed yet.
 
     Raises:
         ConfigError: a file still holds :data:`REVIEW_MARKER` (every such file named).
     """
-    marked = unreviewed(cfg)
+    marked = unreviewed(domains, recipe_file)
     if marked:
         names = ", ".join(str(f) for f in marked)
         raise ConfigError(

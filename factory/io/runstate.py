@@ -45,9 +45,9 @@ from typing import IO, Any
 
 import pyarrow.parquet as pq
 
-from factory.config import RecipeConfig
 from factory.errors import ConfigError, FactoryError, OutputDamaged, OutputLocked, OutputWriteError
 from factory.io.writer import atomic_write_text, writing
+from factory.recipe import Recipe
 
 __all__ = [
     "BATCHES_DIR",
@@ -246,7 +246,7 @@ def hold_output(out_dir: Path) -> Iterator[OutputLock]:
 
 
 def prepare_output(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     out_dir: Path,
     *,
     fresh: bool,
@@ -267,7 +267,7 @@ def prepare_output(
         OutputWriteError: paid responses waiting in ``unstored/`` cannot be stored.
     """
     state_path = out_dir / STATE_FILE
-    recipe = cfg.model_dump(mode="json")
+    recipe = cfg.as_written()  # paths as the file wrote them: a moved checkout resumes
     mode = "new"
     if not (fresh and drop_cache):
         restore_unstored(cfg, out_dir)  # paid for: into the cache before anything else
@@ -320,7 +320,7 @@ def prepare_output(
     return mode
 
 
-def _cache_record(cfg: RecipeConfig, out_dir: Path) -> dict[str, str | None] | None:
+def _cache_record(cfg: Recipe, out_dir: Path) -> dict[str, str | None] | None:
     """What run.json keeps of the response cache: where it is and its identity."""
     if cfg.llm is None or not cfg.cache.enabled:
         return None
@@ -334,7 +334,7 @@ def _cache_record(cfg: RecipeConfig, out_dir: Path) -> dict[str, str | None] | N
         return {"path": location, "id": None}
 
 
-def _check_same_cache(cfg: RecipeConfig, out_dir: Path, before: Any) -> None:
+def _check_same_cache(cfg: Recipe, out_dir: Path, before: Any) -> None:
     """Refuse a resume that would use another response cache than the folder's own."""
     if not isinstance(before, dict) or cfg.llm is None or not cfg.cache.enabled:
         return
@@ -371,14 +371,12 @@ def _damage(out_dir: Path) -> OutputDamaged | None:
     return None
 
 
-def _rebuildable(cfg: RecipeConfig) -> bool:
+def _rebuildable(cfg: Recipe) -> bool:
     """Whether a run can write its folder again without paying: no LLM, or a cache."""
-    return cfg.llm is None or cfg.pipeline != "amplify" or cfg.cache.enabled
+    return not cfg.calls_llm or cfg.cache.enabled
 
 
-def note_prompt_changes(
-    cfg: RecipeConfig, out_dir: Path, fingerprints: Mapping[str, str]
-) -> list[str]:
+def note_prompt_changes(cfg: Recipe, out_dir: Path, fingerprints: Mapping[str, str]) -> list[str]:
     """What changed in the prompts since the folder's last run, said before any call is
     paid; records ``fingerprints`` (``factory.engine.prompts.prompt_fingerprints``) as
     the folder's latest.
@@ -419,7 +417,7 @@ def changed_prompts(out_dir: Path, fingerprints: Mapping[str, str]) -> list[str]
     return [s for s, f in fingerprints.items() if known.get(s) not in (None, f)]
 
 
-def _cached_by_stage(cfg: RecipeConfig, out_dir: Path, stages: list[str]) -> dict[str, int]:
+def _cached_by_stage(cfg: Recipe, out_dir: Path, stages: list[str]) -> dict[str, int]:
     if not cfg.cache.enabled:
         return {}
     location = cfg.cache.path or str(out_dir / CACHE_DIR)
@@ -440,7 +438,7 @@ def _target_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return bool(before.get("target") != now.get("target"))
 
 
-def _clear_for_fresh(cfg: RecipeConfig, out_dir: Path, *, drop_cache: bool) -> str:
+def _clear_for_fresh(cfg: Recipe, out_dir: Path, *, drop_cache: bool) -> str:
     """Delete what ``--fresh`` starts over from; say what was kept and what dropped.
 
     The response cache holds answers the user paid for; a request of the new run
@@ -486,7 +484,7 @@ def _write(out_dir: Path, recipe: dict[str, Any], status: str, **extra: Any) -> 
     atomic_write_text(out_dir / STATE_FILE, json.dumps(body, indent=2) + "\n", out_dir)
 
 
-def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> None:
+def finish_run(cfg: Recipe, out_dir: Path, *, stopped_by: str | None) -> None:
     """Record that the run ended: ``done``, or ``stopped`` (by a cap, by a failure, or
     short of the target) and resumable.
 
@@ -497,7 +495,7 @@ def finish_run(cfg: RecipeConfig, out_dir: Path, *, stopped_by: str | None) -> N
     manifest = verify_output(out_dir)
     _write(
         out_dir,
-        cfg.model_dump(mode="json"),
+        cfg.as_written(),
         "stopped" if stopped_by else "done",
         stopped_by=stopped_by,
         totals=manifest.get("totals"),
@@ -725,7 +723,7 @@ def save_unstored(
     return "stderr (no folder could be written: " + "; ".join(errors) + ")"
 
 
-def restore_unstored(cfg: RecipeConfig, out_dir: Path) -> int:
+def restore_unstored(cfg: Recipe, out_dir: Path) -> int:
     """Store the responses waiting in ``OUT/unstored/`` in the response cache, then
     delete them; returns how many were stored.
 

@@ -1,5 +1,5 @@
 """The recipe's generated documents: the shipped JSON Schema (``recipe.schema.json``)
-and the documentation site's recipe reference, both from ``factory/config.py``.
+and the documentation site's recipe reference, both from ``factory/recipe/``.
 
 ``python -m factory.schemas`` writes them; tests fail while either is stale.
 """
@@ -15,7 +15,7 @@ __all__ = ["recipe_reference"]
 
 _INTRO = """\
 Every key a recipe (`pipelines/*.yaml`) may hold, generated from the recipe schema
-(`factory/config.py`, shipped as `factory/schemas/recipe.schema.json`) by
+(`factory/recipe/`, shipped as `factory/schemas/recipe.schema.json`) by
 `python -m factory.schemas`; a test fails while this page is stale, so do not edit it by hand.
 A recipe with an unknown key, a wrong type or a missing value is refused before any work,
 naming the key path. `key[]` is a list item, `key.<name>` a mapping's entry; a default of

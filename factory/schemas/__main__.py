@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from factory.config import SCHEMA_PATH, json_schema
+from factory.recipe import SCHEMA_PATH, json_schema
 from factory.schemas import recipe_reference
 
 REFERENCE_PAGE = Path("docs") / "reference" / "recipe.md"

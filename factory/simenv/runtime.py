@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from factory.config import EndpointConfig, LLMConfig
 from factory.errors import ConfigError
 from factory.io.cache import ResponseCache
 from factory.llm.backends import build_backend
 from factory.llm.pricing import PriceTable
+from factory.recipe import EndpointConfig, LLMConfig
 from factory.simenv.env import SimEnv
 from factory.simenv.llm import RoleLLM
 from factory.simenv.rollout import RolloutWriter

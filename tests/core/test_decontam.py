@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
 from factory.core.decontam import Decontaminator, load_benchmark_texts
 from factory.core.formats.completion import render_output
 from factory.core.trajectory import Trajectory, Turn
 from factory.devserver import simulate
 from factory.engine.stages.base import make_row
-from factory.engine.stages.postprocess import PostprocessStage
 from factory.errors import ConfigError
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 from tests.helpers import AIRLINE_SEEDS as SEEDS
+from tests.helpers import postprocess_stage
 
 # Texts shaped like tau-bench airline test instructions (entity-free, so the development
 # server's renaming leaves a planted copy word for word).
@@ -75,7 +75,7 @@ def test_planted_benchmark_copies_are_all_caught_in_postprocess(tmp_path: Path) 
         ROOT / "pipelines" / "airline.yaml",
         [f"decontamination={{benchmark: [{json.dumps(str(bench))}]}}"],
     )
-    stage = PostprocessStage(cfg)
+    stage = postprocess_stage(cfg)
     rng = random.Random(0)
     caught = clean = 0
     for i, seed in enumerate(SEEDS[:12]):

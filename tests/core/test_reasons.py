@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.core.export import check_structure
 from factory.core.reasons import REASONS
 from factory.engine.stages.base import Stage, make_row
@@ -24,6 +23,7 @@ from factory.errors import LLMBadRequest, LLMRateLimited, LLMServerError, LLMTim
 from factory.io.readers import records_from_bytes
 from factory.io.writer import Manifest
 from factory.llm.backends import OnlineBackend
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 CFG = load_recipe(ROOT / "pipelines" / "airline.yaml")
@@ -31,9 +31,9 @@ SEED = json.loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[
 
 
 def _stage():
-    from factory.engine.pipeline import build_seed_check
+    from tests.helpers import seed_check_stage
 
-    return build_seed_check(CFG)
+    return seed_check_stage(CFG)
 
 
 def via_reader(name: str, data: bytes) -> str:
@@ -43,9 +43,9 @@ def via_reader(name: str, data: bytes) -> str:
 
 
 def via_seed_check(record: Any, **stage_kw: Any) -> str:
-    from factory.engine.pipeline import build_seed_check
+    from tests.helpers import seed_check_stage
 
-    stage = build_seed_check(CFG)
+    stage = seed_check_stage(CFG)
     for k, v in stage_kw.items():
         setattr(stage, k, v)
     row = make_row(source="t:0", record=json.dumps(record))
@@ -105,7 +105,7 @@ def via_prefilter(outcome: Any) -> str:
     from factory.engine.prompts import PromptTemplate
     from factory.envs.pack import load_domain
 
-    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
+    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG.domain))
     stage.backend = ScriptedClient(outcome)
     from factory.core.formats import parse_record
 
@@ -115,11 +115,11 @@ def via_prefilter(outcome: Any) -> str:
 
 
 def via_postprocess(completion: str) -> str:
-    from factory.engine.stages.postprocess import PostprocessStage
+    from tests.helpers import postprocess_stage
 
     cfg = load_recipe(ROOT / "pipelines" / "airline.yaml")
     row = make_row(completion=completion, seed_id="s", source="s#0")
-    return PostprocessStage(cfg).run_one(row)["reason"]
+    return postprocess_stage(cfg).run_one(row)["reason"]
 
 
 OS_CFG = load_recipe(ROOT / "pipelines" / "os.yaml")
@@ -130,22 +130,22 @@ ANSWER = "Think: done.\n\nAct: answer(2)"
 
 def via_text_seed(*turns: tuple[str, str]) -> str:
     """An OS-agent seed (``from``/``value`` pairs) through the OS recipe's seed check."""
-    from factory.engine.pipeline import build_seed_check
+    from tests.helpers import seed_check_stage
 
     record = {"conversations": [{"from": f, "value": v} for f, v in turns]}
     row = make_row(source="t:0", record=json.dumps(record))
-    return build_seed_check(OS_CFG).run_one(row)["reason"]
+    return seed_check_stage(OS_CFG).run_one(row)["reason"]
 
 
 def via_composition(task: str, *steps: str) -> str:
     """A composed office episode (assistant and tool texts in turn) through postprocess."""
-    from factory.engine.stages.postprocess import PostprocessStage
+    from tests.helpers import postprocess_stage
 
     roles = ("assistant", "tool")
     messages = [{"role": "user", "content": task}]
     messages += [{"role": roles[i % 2], "content": text} for i, text in enumerate(steps)]
     row = make_row(completion=json.dumps({"messages": messages}), seed_id="s", source="s#0")
-    return PostprocessStage(OFFICE_CFG).run_one(row)["reason"]
+    return postprocess_stage(OFFICE_CFG).run_one(row)["reason"]
 
 
 SHEET = "/home/office/Spreadsheets/costs.xlsx"

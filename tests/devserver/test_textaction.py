@@ -10,7 +10,6 @@ from typing import Any
 import openai
 import pytest
 
-from factory.config import RecipeConfig, load_recipe
 from factory.core.compose import apps_used, companions
 from factory.core.formats import parse_record
 from factory.core.formats.textaction import parse_completion
@@ -19,14 +18,15 @@ from factory.core.validate import validate
 from factory.devserver import DevServer, DevServerConfig, textaction
 from factory.engine.prompts import PromptTemplate
 from factory.envs.pack import Domain, load_domain
+from factory.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 
 RECIPES = ("os.yaml", "webshop.yaml", "office-compose.yaml")
 
 
-def pack(name: str) -> tuple[RecipeConfig, Domain, list[Trajectory]]:
+def pack(name: str) -> tuple[Recipe, Domain, list[Trajectory]]:
     cfg = load_recipe(ROOT / "pipelines" / name)
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert cfg.seeds is not None and isinstance(cfg.seeds.path, str)
     seeds = [
         parse_record(json.loads(line), source=f"{path.name}:{n}", grammar=domain.grammar)
@@ -69,7 +69,7 @@ def test_grammar_is_read_back_from_the_prompt_only_for_text_action_prompts() -> 
     assert textaction.grammar_in(amplify_prompt("os.yaml", 0)) == domain.grammar
     airline = load_recipe(ROOT / "pipelines" / "airline.yaml")
     assert airline.amplify is not None
-    plain = PromptTemplate(airline.resolve(airline.amplify.prompt), load_domain(airline))
+    plain = PromptTemplate(airline.resolve(airline.amplify.prompt), load_domain(airline.domain))
     seed = json.loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0])
     messages = plain.render(parse_record(seed, source="s:0")).messages
     assert textaction.grammar_in(messages) is None

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.core.formats import parse_record
 from factory.core.formats.completion import render_output
 from factory.core.reasons import REASONS
@@ -31,6 +30,7 @@ from factory.core.trajectory import Trajectory
 from factory.devserver import simulate
 from factory.engine.prompts import PromptTemplate
 from factory.envs.pack import load_domain
+from factory.recipe import load_recipe
 from factory.run import main
 from tests.conftest import ROOT
 from tests.helpers import read_jsonl, read_rows
@@ -270,7 +270,7 @@ def test_dry_run_counts_the_same_rejects(hostile, capsys: pytest.CaptureFixture[
 
 def _injected() -> list[Trajectory]:
     cfg = load_recipe(AMPLIFY)
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     return [
         parse_record(json.loads(c.line), source=c.name, default_tools=domain.tools)
         for c in hostile_cases()
@@ -288,7 +288,7 @@ def _fenced_json(user: str) -> tuple[int, int]:
 @pytest.mark.parametrize("template", ["amplify", "prefilter"])
 def test_injected_seed_stays_inside_the_json_block(template: str) -> None:
     cfg = load_recipe(AMPLIFY)
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert cfg.amplify is not None
     path = cfg.amplify.prompt if template == "amplify" else cfg.prefilter.prompt
     tmpl = PromptTemplate(cfg.resolve(path), domain)
@@ -313,7 +313,7 @@ def test_injected_seed_stays_inside_the_json_block(template: str) -> None:
 def test_unicode_line_separators_cannot_forge_a_heading() -> None:
     cfg = load_recipe(AMPLIFY)
     assert cfg.amplify is not None
-    tmpl = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
+    tmpl = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg.domain))
     for traj in _injected():
         user = tmpl.render(traj).messages[1]["content"]
         assert [line for line in user.splitlines() if line.startswith("###")] == [HEADING]
@@ -321,7 +321,7 @@ def test_unicode_line_separators_cannot_forge_a_heading() -> None:
 
 def test_devserver_tells_a_judge_prompt_with_an_injected_heading_apart() -> None:
     cfg = load_recipe(AMPLIFY)
-    tmpl = PromptTemplate(cfg.resolve(cfg.prefilter.prompt), load_domain(cfg))
+    tmpl = PromptTemplate(cfg.resolve(cfg.prefilter.prompt), load_domain(cfg.domain))
     for traj in _injected():
         assert simulate.prompt_kind(tmpl.render(traj).messages) == "judge"
 
@@ -401,9 +401,9 @@ def _completion(user: str = "hi", arguments: Any = None, name: str = "get_user_d
 )
 def test_hostile_completion_is_a_reject_with_a_reason(completion: str, reason: str) -> None:
     from factory.engine.stages.base import make_row
-    from factory.engine.stages.postprocess import PostprocessStage
+    from tests.helpers import postprocess_stage
 
-    stage = PostprocessStage(load_recipe(AMPLIFY))
+    stage = postprocess_stage(load_recipe(AMPLIFY))
     row = stage.run_one(make_row(completion=completion, call_index=0, seed_id="s", source="s#0"))
     assert (row["status"], row["reason"]) == ("rejected", reason), row["message"]
     assert len(row["message"]) <= 600 and len(row["raw"]) <= 4_100

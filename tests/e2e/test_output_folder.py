@@ -103,7 +103,7 @@ def _lock_is_free(out: Path) -> bool:
 def test_a_second_run_is_refused_before_touching_anything_and_a_dead_holder_frees_the_folder(
     tmp_path: Path,
 ) -> None:
-    from factory.config import load_recipe
+    from factory.recipe import load_recipe
 
     cfg = load_recipe(ROOT / "pipelines/airline-seeds.yaml")
     out = tmp_path / "o"

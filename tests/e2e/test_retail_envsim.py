@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
 from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run
 from factory.envs.retail.sampler import default_tools
 from factory.envsim.simulator import parse_prediction
 from factory.evaluate import main as evaluate_main
+from factory.recipe import load_recipe
 from tests.helpers import check_alpaca
 
 pytestmark = pytest.mark.ray

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.core.trajectory import Trajectory
 from factory.devserver.simulate import read_simulation, simulate_call
 from factory.engine.runner import run
@@ -26,6 +25,7 @@ from factory.envs.registry import available_domains, generate_environment
 from factory.envsim.fidelity import main as fidelity_main
 from factory.envsim.simulator import parse_prediction
 from factory.io.readers import read_seeds
+from factory.recipe import load_recipe
 from tests.helpers import assert_rows_valid, check_alpaca, dev_overrides, read_rows
 from tests.helpers.served import Served, episode_steps
 

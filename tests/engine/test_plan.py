@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from factory.config import load_recipe
 from factory.core.trajectory import Trajectory, canonical_json
-from factory.engine.pipeline import build_seed_check, seed_rows_local
+from factory.engine.pipeline import seed_rows_local
 from factory.engine.plan import expected_yield, make_plan
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.envs.pack import load_domain
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
+from tests.helpers import seed_check_stage
 
 
 def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> None:
@@ -19,16 +20,18 @@ def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> No
     assert "### Companion references" in plan.example_prompts["amplify"][1]["content"]
     # A composed answer is two or three one-app episodes long, not one.
     assert cfg.amplify is not None
-    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg))
-    check = build_seed_check(cfg)
-    seeds = [Trajectory.from_json(check.run_one(row)["record"]) for row in seed_rows_local(cfg)]
+    template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), load_domain(cfg.domain))
+    check = seed_check_stage(cfg)
+    seeds = [
+        Trajectory.from_json(check.run_one(row)["record"]) for row in seed_rows_local(cfg.seeds)
+    ]
     one = sum(estimate_tokens(canonical_json(template.output_form(t))) for t in seeds) / 32
     assert 1.8 * one < amplify.completion_tokens / amplify.calls < 3.2 * one
 
 
 def test_the_plan_names_where_its_yield_comes_from() -> None:
     # Issue 39: the plan's calls came from a yield nobody had measured, and it did not say so.
-    from factory.config import AmplifyConfig
+    from factory.recipe import AmplifyConfig
 
     cfg = load_recipe(ROOT / "pipelines" / "office-compose.yaml", ["amplify.target=100"])
     assert cfg.amplify is not None and cfg.amplify.expected_yield == 0.65

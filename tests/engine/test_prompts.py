@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from factory.config import load_recipe
 from factory.core.formats import parse_record
 from factory.core.grammar import ActionGrammar
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import DIRECTIONS, PromptTemplate
 from factory.envs.pack import load_domain
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 
@@ -24,7 +24,7 @@ def _seeds(name: str, grammar: ActionGrammar) -> list[Trajectory]:
 def test_the_grammar_and_policy_are_the_static_prefix_of_every_call() -> None:
     cfg = load_recipe(ROOT / "pipelines" / "os.yaml")
     assert cfg.amplify is not None
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert domain.grammar is not None
     template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain)
     prompts = [
@@ -46,7 +46,7 @@ def test_the_grammar_and_policy_are_the_static_prefix_of_every_call() -> None:
 def test_a_composition_prompt_shows_the_rules_and_the_companions() -> None:
     cfg = load_recipe(ROOT / "pipelines" / "office-compose.yaml")
     assert cfg.amplify is not None
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert domain.compose is not None and domain.grammar is not None
     template = PromptTemplate(cfg.resolve(cfg.amplify.prompt), domain)
     assert domain.compose.to_json() in template.static

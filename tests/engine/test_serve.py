@@ -20,7 +20,6 @@ import psutil
 import pytest
 
 from factory.bench.nodes import cache_entries
-from factory.config import ServeConfig, load_recipe
 from factory.engine.serve import (
     advertised_host,
     describe_exit,
@@ -30,6 +29,7 @@ from factory.engine.serve import (
     serving,
 )
 from factory.errors import ConfigError
+from factory.recipe import ServeConfig, load_recipe
 from tests.conftest import ROOT
 from tests.helpers import free_port, free_port_range, listening, read_rows, stop_head
 
@@ -444,7 +444,7 @@ def test_the_rayjob_manifest_runs_the_vllm_recipe_on_enough_gpus() -> None:
 
     import yaml
 
-    from factory.config import resolve_recipe_path
+    from factory.recipe import resolve_recipe_path
 
     doc = yaml.safe_load((ROOT / "cluster" / "rayjob-vllm.yaml").read_text())
     assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
@@ -475,8 +475,8 @@ def test_the_multi_node_rayjob_runs_a_shipped_recipe_with_its_output_on_object_s
 
     import yaml
 
-    from factory.config import resolve_recipe_path
     from factory.io.objectstore import output_location
+    from factory.recipe import resolve_recipe_path
 
     doc = yaml.safe_load((ROOT / "cluster" / "rayjob-airline.yaml").read_text())
     assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")

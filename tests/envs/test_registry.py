@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.envs import DomainPlugin, available_domains, get_environment, get_plugin
 from factory.envs.pack import load_domain
 from factory.envs.registry import ENTRY_POINT_GROUP, register_domain, reset_registry
 from factory.errors import ConfigError
+from factory.recipe import load_recipe
 from factory.run import main
 from tests.conftest import ROOT, install_distribution
 
@@ -184,7 +184,7 @@ def test_the_engine_drives_a_third_party_domain(site: Path, tmp_path: Path) -> N
         "output: {dataset_name: shop}\n",
         encoding="utf-8",
     )
-    domain = load_domain(load_recipe(recipe))
+    domain = load_domain(load_recipe(recipe).domain)
     assert [t["name"] for t in domain.tools] == ["count", "add"]
     assert domain.write_tools() == {"add"}
 
@@ -328,7 +328,8 @@ def test_a_data_only_domain_asking_for_grounding_names_the_domains_that_have_it(
     )
     known = ", ".join(available_domains())
     with pytest.raises(ConfigError, match=f"unknown domain 'archive'; known domains: {known}"):
-        preflight(cfg)  # what a real run checks before it starts Ray or calls a model
+        # what a real run checks before it starts Ray or calls a model
+        preflight(cfg, load_domain(cfg.domain))
 
 
 def test_an_envsim_recipe_for_a_domain_without_a_sampler_fails_before_ray(

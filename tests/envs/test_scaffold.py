@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from factory import packs
-from factory.config import load_recipe
 from factory.domain import main
 from factory.envs.pack import REVIEW_MARKER, load_domain, unreviewed
 from factory.envs.scaffold import guess_kind
 from factory.io.cache import ResponseCache
+from factory.recipe import load_recipe
 from factory.run import main as run_main
 from tests.conftest import ROOT
 from tests.helpers import dev_overrides, read_rows
@@ -164,7 +164,7 @@ def test_init_scaffolds_a_pack_and_says_what_to_review(
     assert "policy.md is the seeds' own system prompt" in out
     # the recipe loads and names the pack and the user's seed file, paths as the README says
     cfg = load_recipe(root / "pipelines/office.yaml", [])
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     assert domain.kinds == kinds and domain.rules is not None and not domain.rules.rules
     assert Path(cfg.resolve(cfg.seeds.path)).resolve() == seed_file.resolve()
     assert cfg.output.dir == "out/office"  # relative to where the run starts
@@ -190,7 +190,7 @@ def test_a_run_refuses_the_pack_until_it_is_reviewed(
     assert run_main([str(recipe), "--dry-run"]) == 0  # a plan is free: it only notes them
     assert "still holds x-review marks" in capsys.readouterr().err
     review(root)
-    assert unreviewed(load_recipe(recipe)) == []
+    assert unreviewed((done := load_recipe(recipe)).domains(), done.source) == []
 
 
 def review(root: Path) -> None:
@@ -213,7 +213,7 @@ def test_seeds_without_a_system_prompt_give_a_pack_without_a_policy(tmp_path: Pa
     assert main(["init", "office", "--from-seeds", str(seeds), "--root", str(root)]) == 0
     assert not (root / "prompts/office/policy.md").exists()
     cfg = load_recipe(root / "pipelines/office.yaml", [])
-    assert cfg.domain.policy is None and load_domain(cfg).policy == ""
+    assert cfg.domain.policy is None and load_domain(cfg.domain).policy == ""
 
 
 def test_behaviour_kinds_of_the_shipped_seeds_are_the_packs_kinds() -> None:

@@ -17,7 +17,6 @@ import jinja2
 import openai
 import pytest
 
-from factory.config import load_recipe
 from factory.core.delta import changed_size, diff
 from factory.core.formats.completion import parse_output, render_output
 from factory.core.labels import call_observations
@@ -38,6 +37,7 @@ from factory.envsim.grounding import (
 )
 from factory.envsim.sampler import EpisodeSampler
 from factory.errors import ConfigError
+from factory.recipe import load_recipe
 from tests.conftest import ROOT as REPO_ROOT
 from tests.helpers import booking_args
 
@@ -59,7 +59,7 @@ def episodes() -> list[Trajectory]:
 
 @pytest.fixture(scope="module")
 def domain() -> Domain:
-    return load_domain(load_recipe(ROOT / "pipelines" / "airline.yaml", []))
+    return load_domain(load_recipe(ROOT / "pipelines" / "airline.yaml", []).domain)
 
 
 def _tool_turns(traj: Trajectory) -> list[int]:

@@ -163,8 +163,10 @@ def test_validate_arguments_false_runs_the_call_as_tau_bench() -> None:
 
 
 def test_the_recipe_option_reaches_the_executor(tmp_path: Path) -> None:
-    on = EpisodeStage(recipe("airline-envsim.yaml", tmp_path))
-    off = EpisodeStage(recipe("airline-envsim.yaml", tmp_path, "envsim.validate_arguments=false"))
+    on_cfg = recipe("airline-envsim.yaml", tmp_path)
+    off_cfg = recipe("airline-envsim.yaml", tmp_path, "envsim.validate_arguments=false")
+    on = EpisodeStage(on_cfg.envsim, on_cfg.domain.name)  # what the job's spec carries
+    off = EpisodeStage(off_cfg.envsim, off_cfg.domain.name)
     assert on.sampler.fresh_env().validate_arguments is True
     assert off.sampler.fresh_env().validate_arguments is False
 

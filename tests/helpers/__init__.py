@@ -21,10 +21,10 @@ import polars as pl
 import psutil
 from pydantic import BaseModel
 
-from factory.config import RecipeConfig, load_recipe
 from factory.core.formats import parse_record
 from factory.core.validate import validate
 from factory.envs.pack import load_domain
+from factory.recipe import AmplifyRecipe, Recipe, load_recipe
 from tests.conftest import ROOT
 from tests.helpers import lfcompat
 
@@ -68,7 +68,7 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def recipe(name: str, out: Path, *overrides: str) -> RecipeConfig:
+def recipe(name: str, out: Path, *overrides: str) -> Recipe:
     return load_recipe(ROOT / "pipelines" / name, [f"output.dir={out}", *overrides])
 
 
@@ -117,10 +117,10 @@ def read_jsonl(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def assert_rows_valid(cfg: RecipeConfig, rows: list[dict[str, Any]]) -> None:
+def assert_rows_valid(cfg: Recipe, rows: list[dict[str, Any]]) -> None:
     """Every written row parses back as a sharegpt seed and passes every rule (a text-action
     domain's rows: read with its grammar, checked against it and its composition rules)."""
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     for row in rows:
         record = {
             "conversations": row["conversations"],
@@ -187,7 +187,7 @@ def booking_args(
     return {**args, **over}
 
 
-def stage_settings(cfg: RecipeConfig, stage: str = "amplify", model: str | None = None) -> Any:
+def stage_settings(cfg: Recipe, stage: str = "amplify", model: str | None = None) -> Any:
     """The resolved settings of one LLM stage of ``cfg`` (another model if given)."""
     import dataclasses
 
@@ -197,19 +197,40 @@ def stage_settings(cfg: RecipeConfig, stage: str = "amplify", model: str | None 
     return dataclasses.replace(settings, model=model) if model else settings
 
 
-def amplify_stage(cfg: RecipeConfig, kept: dict[str, str]) -> Any:
-    """The real amplification stage of ``cfg`` over ``kept`` seeds, built as a worker does."""
+def amplify_stage(cfg: AmplifyRecipe, kept: dict[str, str]) -> Any:
+    """The real amplification stage of ``cfg`` over ``kept`` seeds, built as a worker does
+    (from the spec the job sends it: settings and the domain)."""
+    from factory.engine.settings import amplify_settings
     from factory.engine.stages.amplify import build_amplify, seed_order
 
-    assert cfg.amplify is not None
-    return build_amplify(cfg, stage_settings(cfg), kept, seed_order(list(kept), cfg.amplify.seed))
+    order = seed_order(list(kept), cfg.amplify.seed)
+    domain = load_domain(cfg.domain)
+    return build_amplify(stage_settings(cfg), amplify_settings(cfg), domain, kept, order)
 
 
-def prefilter_stage(cfg: RecipeConfig) -> Any:
+def prefilter_stage(cfg: Recipe) -> Any:
     """The real judge stage of ``cfg``, built as a worker does."""
+    from factory.engine.settings import prefilter_prompt
     from factory.engine.stages.prefilter import build_prefilter
 
-    return build_prefilter(cfg, stage_settings(cfg, "prefilter"))
+    prompt = prefilter_prompt(cfg)
+    return build_prefilter(stage_settings(cfg, "prefilter"), prompt, load_domain(cfg.domain))
+
+
+def postprocess_stage(cfg: AmplifyRecipe, seeds: dict[str, str] | None = None) -> Any:
+    """The real post-processing stage of ``cfg``, built as a worker does."""
+    from factory.engine.settings import postprocess_settings
+    from factory.engine.stages.postprocess import PostprocessStage
+
+    return PostprocessStage(postprocess_settings(cfg), load_domain(cfg.domain), seeds)
+
+
+def seed_check_stage(cfg: Recipe) -> Any:
+    """The real seed checks of ``cfg``, built as a worker does."""
+    from factory.engine.pipeline import build_seed_check
+    from factory.engine.settings import seed_check_settings
+
+    return build_seed_check(seed_check_settings(cfg), load_domain(cfg.domain))
 
 
 def stop_head(head: subprocess.Popen[Any]) -> None:
@@ -450,7 +471,7 @@ def collect_rows(
 
 
 def drive_calls(
-    cfg: RecipeConfig,
+    cfg: Recipe,
     kept: dict[str, str],
     n: int,
     ledger: Any,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
 from factory.errors import ConfigError
 from factory.io.cache import ResponseCache
 from factory.io.runstate import PROMPTS_FILE, changed_keys, note_prompt_changes, prepare_output
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import RecipeConfig, load_recipe
 from factory.errors import ConfigError, LLMBadRequest, LLMServerError, LLMUnavailable
 from factory.llm import Completion
 from factory.llm.backends import (
@@ -32,6 +31,7 @@ from factory.llm.backends import (
     register_backend,
     reset_registry,
 )
+from factory.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 from tests.helpers import amplify_stage, prefilter_stage, stage_settings
 
@@ -94,7 +94,7 @@ def echo() -> Iterator[None]:
     reset_registry()
 
 
-def cfg_for(tmp_path: Path, *overrides: str) -> RecipeConfig:
+def cfg_for(tmp_path: Path, *overrides: str) -> Recipe:
     return load_recipe(
         ROOT / "pipelines" / "airline.yaml",
         [

@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.dedup import DEDUP_STAGE, Deduper
 from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
@@ -42,15 +41,27 @@ from factory.engine.loop import Bar, Job
 from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
-from factory.engine.settings import LLMStageSettings, cache_location, llm_stages
+from factory.engine.settings import (
+    LLMStageSettings,
+    amplify_prompt,
+    amplify_settings,
+    cache_location,
+    llm_stages,
+    postprocess_settings,
+    prefilter_prompt,
+    quality_settings,
+    seed_check_settings,
+)
 from factory.engine.stages.amplify import amplify_template, build_amplify, seed_order
 from factory.engine.stages.base import FAILED, OK, UNISSUED, StageSpec, reject
 from factory.engine.stages.postprocess import build_postprocess
 from factory.engine.stages.prefilter import build_prefilter
 from factory.engine.work import Item, ItemResult
+from factory.envs.pack import Domain
 from factory.errors import SeedError
 from factory.io.runstate import batch_summary
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
+from factory.recipe import AmplifyRecipe, MixtureConfig, Recipe
 
 __all__ = [
     "AmplifyPlanner",
@@ -106,26 +117,24 @@ def no_progress_calls(target: int, concurrency: int) -> int:
     return max(20, min(target, 2 * concurrency))
 
 
-def preflight(cfg: RecipeConfig) -> PromptTemplate:
+def preflight(cfg: AmplifyRecipe, domain: Domain) -> PromptTemplate:
     """Build on the driver what every actor will build, so a recipe error (missing key,
     bad sampling option, broken template) stops the run with its key path before any
     Ray work, instead of surfacing as a dead actor."""
     from factory.engine.stages.llm_stage import build_backend_for
-    from factory.envs.pack import load_domain
 
-    assert cfg.llm is not None and cfg.amplify is not None
-    domain = load_domain(cfg)
-    template = amplify_template(cfg, domain)
+    template = amplify_template(amplify_prompt(cfg), domain)
     if cfg.amplify.grounding is not None:
         from factory.engine.stages.amplify import grounding_world
 
         # bad world sizes (or a domain without grounding) fail here, with their key
         grounding_world(cfg.amplify.grounding, cfg.domain.name)
     if cfg.mixture is not None:
-        Mixture.load(cfg.resolve(cfg.mixture.path))
-    build_decontaminator(cfg)  # a missing or empty benchmark file
+        Mixture.load(Path(cfg.mixture.path))
+    build_decontaminator(quality_settings(cfg))  # a missing or empty benchmark file
     if cfg.prefilter.enabled:
-        PromptTemplate(cfg.resolve(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
+        prompt = prefilter_prompt(cfg)
+        PromptTemplate(prompt.path, domain, key_path=prompt.key)
     for settings in llm_stages(cfg).values():
         build_backend_for(settings)  # backend, options, keys, sampling; opens no connection
     return template
@@ -358,15 +367,19 @@ class AmplifyPlanner:
         return items
 
 
-def seed_chain(cfg: RecipeConfig, stages: dict[str, LLMStageSettings]) -> list[StageSpec]:
-    chain: list[StageSpec] = [(build_seed_check, (cfg,))]
+def seed_chain(
+    cfg: AmplifyRecipe, stages: dict[str, LLMStageSettings], domain: Domain
+) -> list[StageSpec]:
+    """The seeds' stages: the checks, then the judge when the pre-filter is on (each spec
+    carries its settings and the domain, not the recipe)."""
+    chain: list[StageSpec] = [(build_seed_check, (seed_check_settings(cfg), domain))]
     if "prefilter" in stages:
-        chain.append((build_prefilter, (cfg, stages["prefilter"])))
+        chain.append((build_prefilter, (stages["prefilter"], prefilter_prompt(cfg), domain)))
     return chain
 
 
 def declare(
-    cfg: RecipeConfig,
+    cfg: AmplifyRecipe,
     out_dir: Path,
     manifest: Manifest,
     add_chain: Callable[[str, Sequence[StageSpec]], None],
@@ -382,14 +395,16 @@ class AmplifyJob(Job):
 
     def __init__(
         self,
-        cfg: RecipeConfig,
+        cfg: AmplifyRecipe,
         out_dir: Path,
         manifest: Manifest,
         add_chain: Callable[[str, Sequence[StageSpec]], None],
     ) -> None:
-        assert cfg.amplify is not None and cfg.llm is not None
+        from factory.envs.pack import load_domain
+
         self.cfg, self.out_dir, self.manifest = cfg, out_dir, manifest
-        self.template = preflight(cfg)
+        domain = load_domain(cfg.domain)  # once, on the driver: the stages get it
+        self.template = preflight(cfg, domain)
         self.llm_settings = llm_stages(cfg)
         target = cfg.amplify.target
         # With a mixture, accepted rows are candidates; the selection is written to data/.
@@ -402,27 +417,30 @@ class AmplifyJob(Job):
             data_subdir="candidates" if cfg.mixture else "data",
             keep_labels=cfg.mixture is not None,
             # Loads the earlier runs' indexes now: a bad one stops the run before any call.
-            neardup=build_neardup_index(cfg),
+            neardup=build_neardup_index(cfg.near_duplicates),
             tools_column=cfg.domain.grammar is None,
         )
         if cfg.mixture:
-            self.collector.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
+            self.collector.mixture = Mixture.load(Path(cfg.mixture.path))
         cache = cache_location(cfg)
         self.collector.cache_dir = Path(cache) if cache else None
         self.seed_side = SeedSide(out_dir)
 
         def start_calls(kept: dict[str, str]) -> None:
-            order = seed_order(list(kept), cfg.amplify.seed if cfg.amplify else 0)
+            order = seed_order(list(kept), cfg.amplify.seed)
             self.collector.seeds = list(kept)
             spec: list[StageSpec] = [
-                (build_amplify, (cfg, self.llm_settings["amplify"], kept, order)),
-                (build_postprocess, (cfg, kept)),
+                (
+                    build_amplify,
+                    (self.llm_settings["amplify"], amplify_settings(cfg), domain, kept, order),
+                ),
+                (build_postprocess, (postprocess_settings(cfg), domain, kept)),
             ]
             add_chain("calls", spec)
             planner.clock["calls_started"] = _now()
 
         planner = AmplifyPlanner(
-            seed_rows_local(cfg),
+            seed_rows_local(cfg.seeds),
             judged="prefilter" in self.llm_settings,
             start_calls=start_calls,
             collector=self.collector,
@@ -434,7 +452,7 @@ class AmplifyJob(Job):
         self.amplify_planner = planner
         super().__init__(
             name="amplify",
-            chains={"seeds": seed_chain(cfg, self.llm_settings)},
+            chains={"seeds": seed_chain(cfg, self.llm_settings, domain)},
             planner=planner,
             sink=_Sink(self.collector, self.seed_side),
             reserve=batch_reservation(cfg, self.template, self.llm_settings["amplify"]),
@@ -443,7 +461,6 @@ class AmplifyJob(Job):
     def finish(self, ledger: Any, stopped_by: str | None) -> dict[str, Any]:
         """Close the writers; the job's manifest sections (the ledger adds its own)."""
         cfg, planner, collector = self.cfg, self.amplify_planner, self.collector
-        assert cfg.amplify is not None and cfg.llm is not None
         if stopped_by is not None and planner.phase == "seeds":
             # a stop (a cap) left seeds unread: they count as unissued, as a judge call
             # refused in flight does; nothing was decided about them
@@ -460,7 +477,11 @@ class AmplifyJob(Job):
             and not (collector.unstored or stopped_by)
         ):
             raise self.seed_side.error()
-        mixture_report = select_mixture(cfg, self.out_dir, collector) if cfg.mixture else None
+        mixture_report = (
+            select_mixture(cfg.mixture, cfg.output.shard_rows, self.out_dir, collector)
+            if cfg.mixture
+            else None
+        )
         collector.close()
         static = estimate_tokens(self.template.static)
         prompt_tokens = ledger.spend["amplify"].tokens["prompt_tokens"]
@@ -523,19 +544,17 @@ class _Sink:
 
 
 def batch_reservation(
-    cfg: RecipeConfig, template: PromptTemplate, settings: LLMStageSettings
+    cfg: AmplifyRecipe, template: PromptTemplate, settings: LLMStageSettings
 ) -> tuple[float, int]:
     """What one call reserves against the caps when the backend takes batches: the cost
     and tokens of the first seed's request, estimated (prompt from its text, output
     ``max_completion_tokens`` or as long as the prompt). Online backends reserve nothing."""
-    if not settings.batched or not (
-        cfg.amplify and (cfg.amplify.max_cost_usd or cfg.amplify.max_tokens)
-    ):
+    if not settings.batched or not (cfg.amplify.max_cost_usd or cfg.amplify.max_tokens):
         return (0.0, 0)
     from factory.core.formats import parse_record
     from factory.engine.stages.llm_stage import render, reservation
 
-    first = next(seed_rows_local(cfg), None)
+    first = next(seed_rows_local(cfg.seeds), None)
     if first is None or not first.get("record"):
         return (0.0, 0)
     try:
@@ -547,7 +566,9 @@ def batch_reservation(
     return reservation(request, settings.price, settings.max_output_tokens)
 
 
-def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> dict[str, Any]:
+def select_mixture(
+    mx: MixtureConfig, shard_rows: int, out_dir: Path, collector: Collector
+) -> dict[str, Any]:
     """With a recipe mixture: choose from the accepted candidates and copy them to data/.
 
     The manifest's ``diversity`` then describes the selection (what ``data/`` holds and
@@ -556,9 +577,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     """
     import pyarrow.parquet as pq
 
-    assert cfg.mixture is not None
-    mx = cfg.mixture
-    mixture = Mixture.load(cfg.resolve(mx.path))
+    mixture = Mixture.load(Path(mx.path))
     selection = select(
         collector.accepted_labels,
         mixture,
@@ -568,7 +587,7 @@ def select_mixture(cfg: RecipeConfig, out_dir: Path, collector: Collector) -> di
     )
     chosen = set(selection.ids)
     collector.data.flush()  # the last candidates may still be buffered
-    data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
+    data = ShardWriter(out_dir, shard_rows=shard_rows)
     selected = DiversityStats()
     for path in sorted((out_dir / "candidates").glob("*.parquet")):
         for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
@@ -598,7 +617,7 @@ def batch_line(summary: dict[str, Any] | None) -> str | None:
 
 
 @contextlib.contextmanager
-def batch_progress(cfg: RecipeConfig, out_dir: Path, enabled: bool) -> Iterator[None]:
+def batch_progress(cfg: Recipe, out_dir: Path, enabled: bool) -> Iterator[None]:
     """With a batched backend, print its batches' line on the console when it changes
     (checked every 5 s): rows arrive only as whole batches end, hours apart with a real
     Batch API, so the row bar alone would look stuck."""

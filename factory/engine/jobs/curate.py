@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.engine.collect import Collector
 from factory.engine.loop import Bar, Job
 from factory.engine.pipeline import build_export, build_seed_check, seed_rows_local
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
+from factory.engine.settings import export_settings, quality_settings, seed_check_settings
 from factory.engine.work import Item, ItemResult
 from factory.io.writer import Manifest
+from factory.recipe import CurateRecipe
 
 __all__ = ["CurateJob", "CuratePlanner"]
 
@@ -75,21 +76,30 @@ class CurateJob(Job):
 
     pipeline = "curate"
 
-    def __init__(self, cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> None:
+    def __init__(self, cfg: CurateRecipe, out_dir: Path, manifest: Manifest) -> None:
+        from factory.envs.pack import load_domain
+
         self.cfg, self.manifest = cfg, manifest
-        build_decontaminator(cfg)  # a missing benchmark file fails here, not in a worker
+        domain = load_domain(cfg.domain)  # once, on the driver: the stages get it
+        # a missing benchmark file fails here, not in a worker
+        build_decontaminator(quality_settings(cfg))
         self.collector = Collector(
             out_dir,
             manifest,
             dataset_name=cfg.output.dataset_name,
             shard_rows=cfg.output.shard_rows,
-            neardup=build_neardup_index(cfg),
+            neardup=build_neardup_index(cfg.near_duplicates),
             tools_column=cfg.domain.grammar is None,
         )
         super().__init__(
             name="curate",
-            chains={"curate": [(build_seed_check, (cfg,)), (build_export, (cfg,))]},
-            planner=CuratePlanner(seed_rows_local(cfg), self.collector),
+            chains={
+                "curate": [
+                    (build_seed_check, (seed_check_settings(cfg), domain)),
+                    (build_export, (export_settings(cfg), domain)),
+                ]
+            },
+            planner=CuratePlanner(seed_rows_local(cfg.seeds), self.collector),
             sink=self.collector,
         )
 

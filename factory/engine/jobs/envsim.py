@@ -32,7 +32,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from factory.config import RecipeConfig
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
@@ -41,6 +40,7 @@ from factory.engine.stages.base import Stage
 from factory.engine.work import Item, ItemResult
 from factory.errors import ConfigError, SeedError
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
+from factory.recipe import EnvSimConfig, EnvsimRecipe
 
 __all__ = [
     "ALPACA_SCHEMA",
@@ -84,13 +84,11 @@ class EpisodeStage(Stage):
     name = "envsim"
     requires = ("call_index",)
 
-    def __init__(self, cfg: RecipeConfig, world_seed: int | None = None):
+    def __init__(self, es: EnvSimConfig, domain: str, world_seed: int | None = None):
         from factory.envsim.sampler import EpisodeSampler
 
-        assert cfg.envsim is not None
-        es = cfg.envsim
         self.seed = es.seed
-        self.domain = cfg.domain.name
+        self.domain = domain
         self.sampler = EpisodeSampler(
             self.domain,
             es.world_seed if world_seed is None else world_seed,
@@ -130,8 +128,12 @@ def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[
     return rows
 
 
-def build_episode_stage(cfg: RecipeConfig, world_seed: int | None = None) -> EpisodeStage:
-    return EpisodeStage(cfg, world_seed)
+def build_episode_stage(
+    es: EnvSimConfig, domain: str, world_seed: int | None = None
+) -> EpisodeStage:
+    """Inside an actor: the episode stage (the ``envsim`` section and the domain's name,
+    not the recipe)."""
+    return EpisodeStage(es, domain, world_seed)
 
 
 class QuotaFill:
@@ -173,7 +175,7 @@ class QuotaFill:
         return self.rows >= self.mixture.total and self.balanced
 
 
-def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[str, str]:
+def alpaca_row(cfg: EnvsimRecipe, sample: dict[str, Any], tools: dict) -> dict[str, str]:
     """One selected step sample as the alpaca row ``data/`` holds (layout of ``envsim.layout``).
 
     The domain's simulator facts for the tool (the current time, the rule for new
@@ -185,7 +187,6 @@ def alpaca_row(cfg: RecipeConfig, sample: dict[str, Any], tools: dict) -> dict[s
     from factory.envsim.simulator import to_alpaca
     from factory.envsim.steps import tool_source
 
-    assert cfg.envsim is not None
     facts_of = get_plugin(cfg.domain.name).simulator_facts
     facts = facts_of(sample["tool"]) if facts_of is not None else None
     if cfg.envsim.layout == "envsimbench":  # the environment code is always shown there
@@ -208,7 +209,7 @@ _PROVENANCE = ("task_id", "user_id", "env_id")
 
 
 def _alpaca_rows(
-    cfg: RecipeConfig, selection: Selection, out_dir: Path, tools: dict, stats: StepDiversity
+    cfg: EnvsimRecipe, selection: Selection, out_dir: Path, tools: dict, stats: StepDiversity
 ) -> Any:
     """Stream the chosen candidates (in selection order) as alpaca rows, counting each
     in ``stats`` (the manifest's ``diversity``).
@@ -322,12 +323,11 @@ class EnvsimSink:
 
     def __init__(
         self,
-        cfg: RecipeConfig,
+        cfg: EnvsimRecipe,
         out_dir: Path,
         manifest: Manifest,
         fills: dict[bool, QuotaFill],
     ) -> None:
-        assert cfg.envsim is not None
         self.manifest = manifest
         self.heldout = cfg.envsim.heldout
         self.by_id = self.heldout is not None and self.heldout.by != "env"
@@ -380,17 +380,16 @@ class EnvsimJob(Job):
 
     pipeline = "envsim"
 
-    def __init__(self, cfg: RecipeConfig, out_dir: Path, manifest: Manifest) -> None:
+    def __init__(self, cfg: EnvsimRecipe, out_dir: Path, manifest: Manifest) -> None:
         from factory.envs.pack import load_domain
         from factory.envs.registry import get_plugin
 
-        assert cfg.envsim is not None and cfg.mixture is not None
         for part in ("environment", "sampler", "slicing"):  # fail here, not in a worker
             get_plugin(cfg.domain.name, needs=part)
         self.cfg, self.out_dir, self.manifest = cfg, out_dir, manifest
         es = cfg.envsim
-        self.mixture = Mixture.load(cfg.resolve(cfg.mixture.path))
-        self.tools = {t["name"]: t for t in load_domain(cfg).public_tools()}
+        self.mixture = Mixture.load(Path(cfg.mixture.path))
+        self.tools = {t["name"]: t for t in load_domain(cfg.domain).public_tools()}
         ho = es.heldout
         self.held_mix = (
             self.mixture.scaled(ho.scale, f"{self.mixture.name}-heldout")
@@ -412,10 +411,14 @@ class EnvsimJob(Job):
             fills[True] = QuotaFill(self.held_mix, names)
         train = [(fills[False], False)] + ([(fills[True], True)] if by_id else [])
         worlds: list[tuple[str, list[tuple[QuotaFill, bool]]]] = [(TRAIN_CHAIN, train)]
-        chains: dict[str, list[Any]] = {TRAIN_CHAIN: [(build_episode_stage, (cfg, None))]}
+        chains: dict[str, list[Any]] = {
+            TRAIN_CHAIN: [(build_episode_stage, (es, cfg.domain.name, None))]
+        }
         if self.heldout_world is not None:
             worlds.append((HELDOUT_CHAIN, [(fills[True], True)]))
-            chains[HELDOUT_CHAIN] = [(build_episode_stage, (cfg, self.heldout_world))]
+            chains[HELDOUT_CHAIN] = [
+                (build_episode_stage, (es, cfg.domain.name, self.heldout_world))
+            ]
         self.steps = EnvsimSink(cfg, out_dir, manifest, fills)
         self.envsim_planner = EnvsimPlanner(worlds, max_episodes=es.max_episodes, sink=self.steps)
         super().__init__(name="envsim", chains=chains, planner=self.envsim_planner, sink=self.steps)
@@ -427,7 +430,6 @@ class EnvsimJob(Job):
         """Select the mixture (and the held-out one), write the alpaca shards; the job's
         manifest sections and its totals (``totals``: steps = selected + not + rejected)."""
         cfg, out_dir, manifest, sink = self.cfg, self.out_dir, self.manifest, self.steps
-        assert cfg.envsim is not None and cfg.mixture is not None
         mx, ho = cfg.mixture, cfg.envsim.heldout
         sink.candidates.close()
         sink.rejects.close()

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from factory.config import PartConfig, RecipeConfig
 from factory.engine.result import RunResult, new_manifest
 from factory.io.writer import ShardWriter, write_dataset_info
+from factory.recipe import AmplifyRecipe, MixRecipe, PartConfig
 
 __all__ = ["label_rows", "part_label", "part_recipe", "run_mix"]
 
@@ -44,8 +44,8 @@ def part_label(part: PartConfig) -> str:
 
 
 def part_recipe(
-    cfg: RecipeConfig, index: int, out_dir: Path, spent: dict[str, float] | None = None
-) -> RecipeConfig:
+    cfg: MixRecipe, index: int, out_dir: Path, spent: dict[str, float] | None = None
+) -> AmplifyRecipe:
     """The amplify recipe of part ``index``: ``cfg`` with the part's domain and seeds, its
     quota as target, its own folder, the shared cache and what is left of the caps.
 
@@ -55,7 +55,6 @@ def part_recipe(
         out_dir: the mixed run's output folder.
         spent: what earlier parts used (``cost_usd``, ``tokens``, ``calls``).
     """
-    assert cfg.parts is not None and cfg.amplify is not None
     part = cfg.parts[index]
     spent = spent or {}
     amp = cfg.amplify.model_copy(
@@ -73,19 +72,7 @@ def part_recipe(
             "dataset_name": f"{cfg.output.dataset_name}_{part_label(part)}",
         }
     )
-    sub = cfg.model_copy(
-        update={
-            "domain": part.domain,
-            "seeds": part.seeds,
-            "parts": None,
-            "amplify": amp,
-            "cache": cache,
-            "output": output,
-        },
-        deep=True,
-    )
-    sub._base_dir = cfg._base_dir
-    return sub
+    return cfg.part(index).model_copy(update={"amplify": amp, "cache": cache, "output": output})
 
 
 def _left(cap: Any, used: float) -> Any:
@@ -99,10 +86,9 @@ def _left(cap: Any, used: float) -> Any:
     return max(left, 1e-9)
 
 
-def _exhausted(cfg: RecipeConfig, spent: dict[str, float]) -> str | None:
+def _exhausted(cfg: MixRecipe, spent: dict[str, float]) -> str | None:
     """The run-wide cap earlier parts used up, if any."""
     amp = cfg.amplify
-    assert amp is not None
     for cap, used, name in (
         (amp.max_cost_usd, spent["cost_usd"], "max_cost_usd"),
         (amp.max_tokens, spent["tokens"], "max_tokens"),
@@ -133,7 +119,7 @@ RunJob = Callable[..., Any]  # factory.engine.runner.run_job: (cfg, out_dir, pro
 
 
 def _run_part(
-    sub: RecipeConfig, part_dir: Path, progress: bool, run_job: RunJob
+    sub: AmplifyRecipe, part_dir: Path, progress: bool, run_job: RunJob
 ) -> tuple[dict[str, Any], Any]:
     """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
     from factory.io.runstate import finish_run, prepare_output
@@ -149,12 +135,9 @@ def _run_part(
     return {**result.manifest, "error": result.error}, result.stopped_by
 
 
-def run_mix(
-    cfg: RecipeConfig, out_dir: Path, *, run_job: RunJob, progress: bool = True
-) -> RunResult:
+def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = True) -> RunResult:
     """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring): each part
     through ``run_job``, the one driver loop's entry (``factory.engine.runner``)."""
-    assert cfg.parts is not None
     manifest = new_manifest(cfg)
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
     totals = dict.fromkeys(TOTAL_KEYS, 0)

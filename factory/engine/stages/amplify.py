@@ -21,18 +21,17 @@ import random
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from factory.config import RecipeConfig
 from factory.core.compose import CompositionRules, apps_used, companions
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
-from factory.engine.settings import LLMStageSettings
+from factory.engine.settings import AmplifySettings, LLMStageSettings, PromptFile
 from factory.engine.stages.llm_stage import LLMStage, render
-from factory.envs.pack import Domain, load_domain
+from factory.envs.pack import Domain
 from factory.envsim.grounding import render_scenario
 
 if TYPE_CHECKING:
-    from factory.config import GroundingConfig
     from factory.envsim.grounding import GroundingWorld
+    from factory.recipe import GroundingConfig
 
 __all__ = [
     "AmplifyStage",
@@ -70,14 +69,10 @@ def assign(call_index: int, order: list[str]) -> tuple[str, int]:
     return order[call_index % len(order)], call_index // len(order)
 
 
-def amplify_template(cfg: RecipeConfig, domain: Domain) -> PromptTemplate:
-    """The amplification template the recipe uses (the grounded one when grounding is on)."""
-    assert cfg.amplify is not None
-    if cfg.amplify.grounding is not None:
-        path, key = cfg.amplify.grounding.prompt, "amplify.grounding.prompt"
-    else:
-        path, key = cfg.amplify.prompt, "amplify.prompt"
-    return PromptTemplate(cfg.resolve(path), domain, key_path=key)
+def amplify_template(prompt: PromptFile, domain: Domain) -> PromptTemplate:
+    """The amplification template (``settings.amplify_prompt``: the grounded one when
+    grounding is on) over the domain."""
+    return PromptTemplate(prompt.path, domain, key_path=prompt.key)
 
 
 class Companions:
@@ -162,18 +157,21 @@ class AmplifyStage(LLMStage):
 
 
 def build_amplify(
-    cfg: RecipeConfig, settings: LLMStageSettings, seeds: dict[str, str], order: list[str]
+    settings: LLMStageSettings,
+    stage: AmplifySettings,
+    domain: Domain,
+    seeds: dict[str, str],
+    order: list[str],
 ) -> AmplifyStage:
-    """Inside an actor: the amplification stage of ``cfg`` over the kept ``seeds``."""
-    assert cfg.amplify is not None
-    grounding = cfg.amplify.grounding
-    domain = load_domain(cfg)
+    """Inside an actor: the amplification stage over the kept ``seeds`` (its settings and
+    the domain the driver loaded)."""
+    grounding = stage.grounding
     return AmplifyStage(
         settings,
-        amplify_template(cfg, domain),
+        amplify_template(stage.prompt, domain),
         seeds,
         order,
-        world=grounding_world(grounding, cfg.domain.name) if grounding else None,
-        scenario_seed=cfg.amplify.seed,
+        world=grounding_world(grounding, domain.name) if grounding else None,
+        scenario_seed=stage.seed,
         domain=domain,
     )

@@ -25,7 +25,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.decontam import DECONTAM_STAGE
 from factory.core.formats.completion import parse_output
 from factory.core.formats.textaction import parse_completion
@@ -34,10 +33,11 @@ from factory.core.neardup import signature_bytes
 from factory.core.trajectory import Trajectory
 from factory.core.validate import validate_rendered
 from factory.engine.quality import build_decontaminator, neardup_params
+from factory.engine.settings import PostprocessSettings
 from factory.engine.stages.amplify import grounding_world
 from factory.engine.stages.base import Stage, reject
 from factory.engine.stages.export import output_fields, sharegpt_row
-from factory.envs.pack import Domain, load_domain
+from factory.envs.pack import Domain
 from factory.envsim.grounding import apply_mode, replay
 from factory.errors import RepairError
 
@@ -81,26 +81,28 @@ class PostprocessStage(Stage):
     name = "postprocess"
     requires = ("completion",)  # produces: id, output (accepted) or reason + raw (rejected)
 
-    def __init__(self, cfg: RecipeConfig, seeds: Mapping[str, str] | None = None):
-        assert cfg.amplify is not None
-        self.domain = load_domain(cfg)
-        self.format = cfg.amplify.system_prompt_format
+    def __init__(
+        self,
+        settings: PostprocessSettings,
+        domain: Domain,
+        seeds: Mapping[str, str] | None = None,
+    ):
+        self.domain = domain
+        self.format = settings.system_prompt_format
         # A pack without a policy: each row keeps the system prompt of its own seed.
         self.seed_systems = (
             {sid: Trajectory.from_json(rec).system for sid, rec in (seeds or {}).items()}
             if not self.domain.policy.strip()
             else {}
         )
-        self.reasoning = cfg.output.reasoning
-        grounding = cfg.amplify.grounding
+        self.reasoning = settings.reasoning
+        grounding = settings.grounding
         self.mode = grounding.mode if grounding else None
-        self.world = grounding_world(grounding, cfg.domain.name) if grounding else None
-        self.scenario_seed = cfg.amplify.seed
-        self.system, self.tools_in_column = deployment_system_prompt(
-            self.domain, cfg.amplify.system_prompt_format
-        )
-        self.decontam = build_decontaminator(cfg)
-        self.neardup = neardup_params(cfg)
+        self.world = grounding_world(grounding, domain.name) if grounding else None
+        self.scenario_seed = settings.seed
+        self.system, self.tools_in_column = deployment_system_prompt(self.domain, self.format)
+        self.decontam = build_decontaminator(settings.quality)
+        self.neardup = neardup_params(settings.quality.near_duplicates)
 
     def process(self, row: dict[str, Any]) -> dict[str, Any]:
         grammar = self.domain.grammar
@@ -170,8 +172,8 @@ class PostprocessStage(Stage):
 
 
 def build_postprocess(
-    cfg: RecipeConfig, seeds: Mapping[str, str] | None = None
+    settings: PostprocessSettings, domain: Domain, seeds: Mapping[str, str] | None = None
 ) -> PostprocessStage:
-    """The stage; ``seeds`` (seed id -> record JSON) give a pack without a policy the
-    seeds' own system prompts."""
-    return PostprocessStage(cfg, seeds)
+    """Inside an actor: the stage over the domain the driver loaded; ``seeds`` (seed id ->
+    record JSON) give a pack without a policy the seeds' own system prompts."""
+    return PostprocessStage(settings, domain, seeds)

@@ -17,14 +17,13 @@ import json
 from collections import Counter
 from typing import Any
 
-from factory.config import RecipeConfig
 from factory.core.repair import parse_json_value
 from factory.core.trajectory import Trajectory
 from factory.engine.prompts import PromptTemplate
-from factory.engine.settings import LLMStageSettings
+from factory.engine.settings import LLMStageSettings, PromptFile
 from factory.engine.stages.base import fail, reject
 from factory.engine.stages.llm_stage import LLMStage, add_retries, render
-from factory.envs.pack import load_domain
+from factory.envs.pack import Domain
 from factory.errors import RepairError
 
 __all__ = ["PrefilterStage", "build_prefilter", "parse_verdict"]
@@ -92,9 +91,9 @@ class PrefilterStage(LLMStage):
         return row
 
 
-def build_prefilter(cfg: RecipeConfig, settings: LLMStageSettings) -> PrefilterStage:
-    """Inside an actor: the judge of ``cfg`` (its template over the recipe's domain)."""
-    template = PromptTemplate(
-        cfg.resolve(cfg.prefilter.prompt), load_domain(cfg), key_path="prefilter.prompt"
-    )
-    return PrefilterStage(settings, template, cfg.prefilter.verdict_requests)
+def build_prefilter(
+    settings: LLMStageSettings, prompt: PromptFile, domain: Domain
+) -> PrefilterStage:
+    """Inside an actor: the judge (its template over the domain the driver loaded)."""
+    template = PromptTemplate(prompt.path, domain, key_path=prompt.key)
+    return PrefilterStage(settings, template, int(settings.extra.get("verdict_requests", 3)))

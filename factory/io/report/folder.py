@@ -23,6 +23,8 @@ __all__ = ["OutputFolder", "Where", "meta_keys", "parse_where", "reservoir", "un
 
 DATA_DIR = "data"
 REJECT_DIRS = ("rejects", "failed")
+#: The row layout of a pipeline's data when its files do not say (sharegpt for the others).
+_ROW_FORMATS = {"envsim": "alpaca"}
 REBUILD_HINT = (
     "run the command that wrote this folder again: it rebuilds the file from the response "
     "cache (nothing is paid twice)"
@@ -200,7 +202,7 @@ class OutputFolder:
         files = self.data_files()
         if files and "instruction" in pq.ParquetFile(files[0]).schema_arrow.names:
             return "alpaca"
-        return "alpaca" if self.pipeline == "envsim" else "sharegpt"
+        return _ROW_FORMATS.get(self.pipeline, "sharegpt")
 
     # -- rows ------------------------------------------------------------------------------
     def rows(self, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:

@@ -36,8 +36,8 @@ from factory.llm.backends.base import (
 )
 
 if TYPE_CHECKING:
-    from factory.config import LLMConfig
     from factory.llm.pricing import Price
+    from factory.recipe import LLMConfig
 
 __all__ = [
     "BUILTIN_BACKENDS",

@@ -42,8 +42,8 @@ from factory.errors import LLMError
 from factory.llm.client import Completion
 
 if TYPE_CHECKING:
-    from factory.config import LLMConfig
     from factory.llm.pricing import Price
+    from factory.recipe import LLMConfig
 
 __all__ = [
     "Backend",

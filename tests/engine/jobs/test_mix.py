@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import load_recipe
 from factory.engine.jobs.mix import label_rows, part_recipe
 from factory.errors import ConfigError
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 MIXED = ROOT / "pipelines" / "mixed.yaml"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.engine.stages import llm_stage
 from factory.engine.stages.llm_stage import _ROW_SLOT, _Slot, wait_without_slot
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 
@@ -110,7 +110,7 @@ def test_request_ids_are_stable_and_change_only_with_their_template(tmp_path) ->
     from factory.envs.pack import load_domain
 
     cfg = load_recipe(ROOT / "pipelines/airline.yaml")
-    domain = load_domain(cfg)
+    domain = load_domain(cfg.domain)
     seed = parse_record(
         __import__("json").loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0]),
         source="s:0",
@@ -260,7 +260,7 @@ def test_a_reference_renders_once_per_template_and_the_same_every_time() -> None
     from factory.envs.pack import load_domain
 
     cfg = load_recipe(ROOT / "pipelines/airline.yaml")
-    template = PromptTemplate(ROOT / "prompts/amplify.j2", load_domain(cfg))
+    template = PromptTemplate(ROOT / "prompts/amplify.j2", load_domain(cfg.domain))
     ref = Trajectory(turns=[Turn(role="user", content="hi \u2028 there")])
     calls: list[int] = []
     shown = template.output_form

@@ -10,12 +10,12 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from factory.bench import postprocess_completions
-from factory.config import load_recipe
 from factory.core.schema import fast_check
 from factory.engine.stages.base import make_row
 from factory.engine.stages.export import output_fields, training_row
-from factory.engine.stages.postprocess import PostprocessStage
+from factory.recipe import load_recipe
 from tests.conftest import ROOT as REPO_ROOT
+from tests.helpers import postprocess_stage
 
 ROOT = REPO_ROOT
 COLUMNS = ("status", "stage", "reason", "message", "id", "output", "labels", "raw", "grounding")
@@ -39,7 +39,7 @@ def completions() -> list[str]:
 
 @pytest.mark.parametrize("overrides", list(GOLDEN), ids=["json-keep", "hermes-strip"])
 def test_outputs_are_those_of_main(completions: list[str], overrides: tuple[str, ...]) -> None:
-    stage = PostprocessStage(load_recipe(ROOT / "pipelines/airline.yaml", list(overrides)))
+    stage = postprocess_stage(load_recipe(ROOT / "pipelines/airline.yaml", list(overrides)))
     digest = hashlib.sha256()
     statuses = set()
     for i, text in enumerate(completions):
@@ -155,7 +155,7 @@ def _completion(*pairs: tuple[str, str]) -> str:
 
 
 def test_a_text_action_completion_becomes_a_row_in_the_agents_format() -> None:
-    stage = PostprocessStage(load_recipe(ROOT / "pipelines/os.yaml"))
+    stage = postprocess_stage(load_recipe(ROOT / "pipelines/os.yaml"))
     sloppy = "Think: count them.\nAct:bash\n```sh\nls /srv | wc -l"
     text = _completion(
         ("user", "How many entries does /srv have?"),
@@ -180,7 +180,7 @@ def test_a_text_action_completion_becomes_a_row_in_the_agents_format() -> None:
 
 
 def test_a_broken_text_action_completion_is_rejected_with_its_code() -> None:
-    stage = PostprocessStage(load_recipe(ROOT / "pipelines/webshop.yaml"))
+    stage = postprocess_stage(load_recipe(ROOT / "pipelines/webshop.yaml"))
     text = _completion(
         ("user", "WebShop [SEP] Instruction: [SEP] a red mug [SEP] [Search]"),
         ("assistant", "Thought:\nsearch\n\nAction:\nscroll[down]"),

@@ -6,10 +6,10 @@ import asyncio
 import json
 from typing import Any
 
-from factory.config import load_recipe
 from factory.engine.stages.base import FAILED, OK, make_row
 from factory.llm import Completion
 from factory.llm.backends import OnlineBackend
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 CFG = load_recipe(ROOT / "pipelines" / "airline.yaml")
@@ -48,7 +48,7 @@ def judge_row(*answers: str, requests: int = 3) -> tuple[dict[str, Any], Judge]:
     stage = PrefilterStage.__new__(PrefilterStage)
     stage.model, stage.sampling = "m", {}
     stage.verdict_requests = requests
-    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG))
+    stage.template = PromptTemplate(CFG.resolve(CFG.prefilter.prompt), load_domain(CFG.domain))
     judge = Judge(*answers)
     stage.backend = judge
     seed = json.loads((ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0])

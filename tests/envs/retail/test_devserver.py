@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.core.formats import parse_record
 from factory.core.formats.completion import render_output
 from factory.core.validate import validate
@@ -30,10 +29,11 @@ from factory.envs.pack import load_domain
 from factory.envs.plugin import DomainPlugin
 from factory.envs.registry import register_domain, reset_registry
 from factory.envsim.grounding import ENV_STATE_MARKER, render_scenario
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 AUTHOR = runpy.run_path(str(ROOT / "seeds" / "retail" / "author.py"), run_name="author")
-DOMAIN = load_domain(load_recipe(ROOT / "pipelines" / "retail.yaml"))
+DOMAIN = load_domain(load_recipe(ROOT / "pipelines" / "retail.yaml").domain)
 SEEDS = [
     json.loads(line)
     for line in (ROOT / "seeds" / "retail" / "seeds.jsonl").read_text().splitlines()

@@ -19,10 +19,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from factory.config import load_recipe
-from factory.engine.pipeline import build_seed_check, seed_rows_local
+from factory.engine.pipeline import seed_rows_local
 from factory.engine.stages.base import OK
+from factory.recipe import load_recipe
 from tests.conftest import ROOT, SHARED
+from tests.helpers import seed_check_stage
 
 TAUBENCH = SHARED / "data" / "taubench-retail"
 TOOLS_PATH = ROOT / "prompts" / "retail" / "tools.json"
@@ -260,8 +261,8 @@ def test_seed_file_shape_and_coverage() -> None:
 
 def test_every_seed_passes_the_engines_seed_checks() -> None:
     cfg = load_recipe(RECIPE)
-    stage = build_seed_check(cfg)  # a data-only domain: the recipe names its files
-    rows = [stage.process(row) for row in seed_rows_local(cfg)]
+    stage = seed_check_stage(cfg)  # a data-only domain: the recipe names its files
+    rows = [stage.process(row) for row in seed_rows_local(cfg.seeds)]
     assert len(rows) == len(SEEDS)
     assert [
         (r["source"], r.get("reason"), r.get("message")) for r in rows if r["status"] != OK

@@ -190,8 +190,8 @@ def test_push_refuses_a_folder_that_does_not_match_its_manifest(tmp_path: Path) 
 
 
 def test_fresh_keeps_the_license_given_for_the_card(tmp_path: Path) -> None:
-    from factory.config import load_recipe
     from factory.io.runstate import prepare_output
+    from factory.recipe import load_recipe
     from tests.conftest import ROOT
 
     out = make_folder(tmp_path / "o")

@@ -279,8 +279,8 @@ def test_the_real_amplify_stage_runs_on_batches_and_a_rerun_replays_the_cache(
 ) -> None:
     """The same stage (render, cache, record) as the online path; only the call differs.
     No Ray: the stage is driven directly, as an actor would."""
-    from factory.config import load_recipe
     from factory.core.formats import parse_record
+    from factory.recipe import load_recipe
     from tests.conftest import ROOT
 
     log = tmp_path / "requests.jsonl"
@@ -318,12 +318,13 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
     """Batch answers come long after submission: each call reserves its estimated cost at
     the Batch price when the driver issues it, so a cap smaller than the whole batch stops
     issuing instead of being overshot by the batch in flight; answers settle it."""
-    from factory.config import load_recipe
     from factory.core.formats import parse_record
     from factory.engine.jobs.amplify import batch_reservation
     from factory.engine.ledger import Caps, Ledger
+    from factory.engine.settings import amplify_prompt
     from factory.engine.stages.amplify import amplify_template
     from factory.envs.pack import load_domain
+    from factory.recipe import load_recipe
     from tests.conftest import ROOT
     from tests.helpers import drive_calls
 
@@ -348,7 +349,8 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
         )
 
     cfg = recipe("probe", 1000.0)
-    estimate = batch_reservation(cfg, amplify_template(cfg, load_domain(cfg)), stage_settings(cfg))
+    template = amplify_template(amplify_prompt(cfg), load_domain(cfg.domain))
+    estimate = batch_reservation(cfg, template, stage_settings(cfg))
     # At the price of gpt-5's Batch tier, the 4,000 output tokens dominate the estimate.
     assert estimate[0] > 4000 * 5.0 / 1e6 and estimate[1] > 4000
     free = Ledger(Caps(max_cost_usd=1000.0))
@@ -376,9 +378,9 @@ def test_a_cost_cap_counts_batched_requests_when_they_are_submitted(devserver, t
 def test_two_endpoints_are_refused_naming_the_key(tmp_path: Path) -> None:
     """The Batch API backend never ignores an endpoint the recipe lists: the run refuses
     to start (on the driver, before Ray) instead of sending everything to the first."""
-    from factory.config import load_recipe
     from factory.engine.stages.llm_stage import build_backend_for
     from factory.errors import ConfigError
+    from factory.recipe import load_recipe
     from tests.conftest import ROOT
 
     two = [{"base_url": "http://127.0.0.1:9/v1"}, {"base_url": "http://127.0.0.1:10/v1"}]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from factory.config import load_recipe
 from factory.errors import (
     ConfigError,
     LLMBadRequest,
@@ -39,6 +38,7 @@ from factory.llm.backends.ray_data.session import (
 )
 from factory.llm.backends.ray_data.transport import gateway_name, http_payload, read_envelope
 from factory.llm.errormap import translate_error
+from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
 
