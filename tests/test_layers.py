@@ -157,3 +157,42 @@ def test_the_check_sees_code_strings(tmp_path: Path) -> None:
     )
     words = [text for _, text in _code_words(module) if "airline" in text]
     assert words == ["pipelines/airline.yaml"]
+
+
+def _layer_names(container: str | None) -> set[str]:
+    """The modules named in the layers of the ``layers`` contract over ``container`` (None:
+    the top-level one, without containers) in pyproject.toml."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["type"] != "layers":
+            continue
+        if contract.get("containers", []) != ([container] if container else []):
+            continue
+        for layer in contract["layers"]:
+            for name in re.split(r"[|:]", layer):
+                names.add(name.strip().removeprefix(f"{container}."))
+    return names
+
+
+def _children(package: Path, prefix: str) -> set[str]:
+    """Every module and subpackage directly in ``package``, dotted under ``prefix``."""
+    out = {f"{prefix}{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    out |= {f"{prefix}{p.name}" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    return out
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    """Issue 34: the import contracts cover all of ``factory/``; a module or package added at
+    the top must take its place in the layers (pyproject.toml) before it can import freely."""
+    missing = _children(PACKAGE, "factory.") - _layer_names(None)
+    assert not missing, f"not in the layers contract of pyproject.toml: {sorted(missing)}"
+
+
+def test_every_engine_module_has_a_layer() -> None:
+    """Issue 34: the engine's own layers (runner above jobs above the loop above the pool and
+    its workers above the stages) name every module of ``factory/engine/``."""
+    missing = _children(PACKAGE / "engine", "") - _layer_names("factory.engine")
+    assert not missing, f"not in the engine's layers contract: {sorted(missing)}"
