@@ -459,7 +459,7 @@ def drive_calls(
 ) -> list[dict[str, Any]]:
     """Calls ``0..n-1`` of ``cfg``'s amplification chain (amplify, postprocess) through the
     one driver loop on in-process workers, with ``ledger``'s caps; the rows, in order."""
-    from factory.engine.loop import Bar, Job, drive
+    from factory.engine.loop import Bar, Declaration, drive
     from factory.engine.pool import LocalPool
     from factory.engine.stages.amplify import build_amplify, seed_order
     from factory.engine.stages.postprocess import build_postprocess
@@ -512,7 +512,7 @@ def drive_calls(
     chain = [(build_amplify, (cfg, stage_settings(cfg), kept, order)), (build_postprocess, (cfg,))]
     pool = LocalPool({"calls": chain}, workers=1, capacity=max(1, n))
     try:
-        drive(Job("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
+        drive(Declaration("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
     finally:
         pool.close()
     return rows
