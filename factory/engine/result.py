@@ -14,6 +14,7 @@ from typing import Any
 from factory.config import RecipeConfig, config_hash
 from factory.engine.console import ProgressBar, run_clock
 from factory.engine.ledger import Ledger
+from factory.engine.loop import JobReport
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
 
@@ -160,23 +161,23 @@ def write_manifest(
     ledger: Ledger,
     *,
     pipeline: str,
-    sections: dict[str, Any] | None = None,
-    totals: dict[str, int] | None = None,
-    stages: dict[str, dict[str, int]] | None = None,
+    report: JobReport,
 ) -> dict[str, int]:
     """Write ``manifest.json`` from the run's ledger (totals, stages, reasons, tokens,
-    cost, budget, timeline) and the job's own ``sections``; returns the totals.
-
-    ``totals`` / ``stages``: a job whose rows are decided after the loop (the envsim
-    selection) gives its own.
-    """
-    totals = totals or ledger.totals()
-    manifest.stages = stages or ledger.stages()
+    cost, budget, timeline) and the job's report (``Job.finish``: its own sections, and
+    its own totals and stages when its rows are decided after the loop); returns the
+    totals."""
+    totals = dict(report.totals) if report.totals is not None else ledger.totals()
+    manifest.stages = (
+        {stage: dict(kinds) for stage, kinds in report.stages.items()}
+        if report.stages is not None
+        else ledger.stages()
+    )
     for stage, codes in ledger.reasons.items():
         for code, n in codes.items():
             manifest.reason(stage, code, n)
     manifest.extra.update(pipeline=pipeline, **ledger.manifest_fields())
-    for key, value in (sections or {}).items():
+    for key, value in report.sections.items():
         if value is not None or key == "mixture":
             manifest.extra[key] = value
     manifest.write(out_dir, **totals)

@@ -1,0 +1,115 @@
+"""From a recipe's job kind to its job: the one place that tells the kinds apart.
+
+Why a registry: the runner runs whatever job a recipe declares through the one
+contract (``factory.engine.loop.Job``) and must not know the kinds; a new kind is an
+entry here (its declaration, its input check), not a branch in the runner. The
+shape follows Ray Data LLM's ``ProcessorBuilder.register(config_type, builder)``.
+
+Until the recipe's kinds are types (issue 34, the recipe package), the kind is a
+string derived here and only here (``job_kind``): ``mix`` for a recipe with
+``parts``, else its ``pipeline``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from factory.config import RecipeConfig
+from factory.engine.jobs.amplify import AmplifyJob
+from factory.engine.jobs.curate import CurateJob
+from factory.engine.jobs.envsim import EnvsimJob
+from factory.engine.jobs.mix import Composite, check_part_seeds, run_mix
+from factory.engine.loop import Job
+from factory.engine.pipeline import check_seed_files
+from factory.engine.stages.base import StageSpec
+from factory.errors import ConfigError
+from factory.io.writer import Manifest
+
+__all__ = ["JOBS", "AddChain", "Entry", "JobFactory", "check_inputs", "composite", "declare"]
+
+#: Declares a chain the workers run from now on (``ActorPool.add_chain``).
+AddChain = Callable[[str, Sequence[StageSpec]], None]
+#: Declares the job of a recipe writing into a folder (manifest: the run's own).
+JobFactory = Callable[[RecipeConfig, Path, Manifest, AddChain], Job]
+#: Checks a recipe's inputs before the output folder or Ray is touched (the folder:
+#: where a part's own folder will be).
+InputCheck = Callable[[RecipeConfig, Path], None]
+
+
+def _curate(cfg: RecipeConfig, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
+    return CurateJob(cfg, out_dir, manifest)
+
+
+def _amplify(cfg: RecipeConfig, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
+    return AmplifyJob(cfg, out_dir, manifest, add_chain)
+
+
+def _envsim(cfg: RecipeConfig, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
+    return EnvsimJob(cfg, out_dir, manifest)
+
+
+def _seeds(cfg: RecipeConfig, out_dir: Path) -> None:
+    check_seed_files(cfg)
+
+
+def _nothing(cfg: RecipeConfig, out_dir: Path) -> None:
+    """envsim samples its episodes: it reads no seed file."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One job kind: a job of the one loop (``job``), or a job that runs such jobs of its
+    own (``composite``: a mixed recipe runs one amplify job per part), and the check of
+    its inputs."""
+
+    check_inputs: InputCheck
+    job: JobFactory | None = None
+    composite: Composite | None = None
+
+
+JOBS: dict[str, Entry] = {
+    "curate": Entry(_seeds, job=_curate),
+    "amplify": Entry(_seeds, job=_amplify),
+    "envsim": Entry(_nothing, job=_envsim),
+    "mix": Entry(check_part_seeds, composite=run_mix),
+}
+
+
+def job_kind(cfg: RecipeConfig) -> str:
+    """The recipe's job kind (the only place that reads ``pipeline`` and ``parts``)."""
+    return "mix" if cfg.parts is not None else cfg.pipeline
+
+
+def _entry(cfg: RecipeConfig) -> Entry:
+    kind = job_kind(cfg)
+    entry = JOBS.get(kind)
+    if entry is None:
+        raise ConfigError(f"no job runs pipeline {kind!r}", key_path="pipeline")
+    return entry
+
+
+def check_inputs(cfg: RecipeConfig, out_dir: Path) -> None:
+    """Before the folder or Ray: unusable inputs (seed files) stop the run here."""
+    _entry(cfg).check_inputs(cfg, out_dir)
+
+
+def composite(cfg: RecipeConfig) -> Composite | None:
+    """How a recipe whose job runs other jobs is run (a mixed recipe), or None: its job
+    is one of the loop (``declare``)."""
+    return _entry(cfg).composite
+
+
+def declare(cfg: RecipeConfig, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
+    """The job ``cfg`` declares, writing into ``out_dir``.
+
+    Raises:
+        ConfigError: the recipe's kind runs other jobs (``composite``), or no job runs it.
+    """
+    factory = _entry(cfg).job
+    if factory is None:
+        raise ConfigError(
+            f"a {job_kind(cfg)} recipe runs a job per part, not one job", key_path="parts"
+        )
+    return factory(cfg, out_dir, manifest, add_chain)
