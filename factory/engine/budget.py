@@ -48,7 +48,8 @@ __all__ = ["BudgetActor", "BudgetState", "budget_actor", "check_cost_cap_priced"
 
 
 def check_cost_cap_priced(cfg: RecipeConfig) -> None:
-    """Refuse a ``max_cost_usd`` cap when a model it must watch has no price.
+    """Refuse a ``max_cost_usd`` cap when a model it must watch has no price (the input
+    check of the kinds with caps: ``factory.engine.jobs.registry``).
 
     Raises:
         ConfigError: naming the model, where it is used and how to price it
@@ -58,7 +59,7 @@ def check_cost_cap_priced(cfg: RecipeConfig) -> None:
     from factory.llm.pricing import PRICES_AS_OF, PriceTable
 
     amp = cfg.amplify
-    if cfg.pipeline != "amplify" or amp is None or amp.max_cost_usd is None or cfg.llm is None:
+    if amp is None or amp.max_cost_usd is None or cfg.llm is None:
         return
     keys = {"amplify": "llm.model", "prefilter": "prefilter.model"}
     used = [(keys[name], s.model) for name, s in llm_stages(cfg).items()]

@@ -207,7 +207,6 @@ def run(
         OutputLocked: another run holds ``out_dir`` (nothing was touched).
         OutputWriteError: a file could not be written (names the path).
     """
-    from factory.engine.budget import check_cost_cap_priced
     from factory.io.mirror import hold_remote, mirror_dir
     from factory.io.objectstore import output_location
     from factory.io.runstate import hold_output
@@ -220,9 +219,8 @@ def run(
     local = mirror_dir(target) if isinstance(target, str) else target
     if isinstance(target, str) and cfg.cache.enabled and not cfg.cache.path:
         cfg.cache.path = f"{target}/cache"  # on the store: a new head pays nothing twice
-    registry.check_inputs(cfg, local)  # before the folder or Ray: unusable seeds stop it here
+    registry.check_inputs(cfg, local)  # before the folder or Ray: seeds, an unpriced cap
     cfg.output.dir = str(local)  # actors find the output (and its cache) through the recipe
-    check_cost_cap_priced(cfg)  # before the folder is touched
     if not isinstance(target, str):
         with hold_output(local):
             return _run_locked(cfg, local, progress, fresh, retry_failed, drop_cache, other_cache)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from factory.config import RecipeConfig
+from factory.engine.budget import check_cost_cap_priced
 from factory.engine.jobs.amplify import AmplifyJob
 from factory.engine.jobs.curate import CurateJob
 from factory.engine.jobs.envsim import EnvsimJob
@@ -54,6 +55,17 @@ def _seeds(cfg: RecipeConfig, out_dir: Path) -> None:
     check_seed_files(cfg)
 
 
+def _seeds_and_prices(cfg: RecipeConfig, out_dir: Path) -> None:
+    """The seeds, then a cost cap over an unpriced model (it could never stop the run)."""
+    check_seed_files(cfg)
+    check_cost_cap_priced(cfg)
+
+
+def _parts_and_prices(cfg: RecipeConfig, out_dir: Path) -> None:
+    check_part_seeds(cfg, out_dir)
+    check_cost_cap_priced(cfg)
+
+
 def _nothing(cfg: RecipeConfig, out_dir: Path) -> None:
     """envsim samples its episodes: it reads no seed file."""
 
@@ -71,9 +83,9 @@ class Entry:
 
 JOBS: dict[str, Entry] = {
     "curate": Entry(_seeds, job=_curate),
-    "amplify": Entry(_seeds, job=_amplify),
+    "amplify": Entry(_seeds_and_prices, job=_amplify),
     "envsim": Entry(_nothing, job=_envsim),
-    "mix": Entry(check_part_seeds, composite=run_mix),
+    "mix": Entry(_parts_and_prices, composite=run_mix),
 }
 
 
@@ -91,7 +103,8 @@ def _entry(cfg: RecipeConfig) -> Entry:
 
 
 def check_inputs(cfg: RecipeConfig, out_dir: Path) -> None:
-    """Before the folder or Ray: unusable inputs (seed files) stop the run here."""
+    """Before the folder or Ray: unusable inputs (seed files, a cost cap over an unpriced
+    model) stop the run here."""
     _entry(cfg).check_inputs(cfg, out_dir)
 
 
