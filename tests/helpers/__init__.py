@@ -433,6 +433,7 @@ def collect_rows(
     """File ``rows`` as the driver loop does (each counted on arrival and when used, in
     order), then close the collector and write the manifest; returns each row's fate."""
     from factory.engine.ledger import Ledger
+    from factory.engine.loop import JobReport
     from factory.engine.result import write_manifest
     from factory.engine.work import ItemResult
 
@@ -445,7 +446,7 @@ def collect_rows(
             ledger.decided(row, kind)
         kinds.append(kind)
     collector.close()
-    write_manifest(out_dir, collector.manifest, ledger, pipeline="test", sections=sections)
+    write_manifest(out_dir, collector.manifest, ledger, pipeline="test", report=JobReport(sections))
     return kinds
 
 
