@@ -134,21 +134,21 @@ def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
     return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
 
 
-def new_manifest(cfg: RecipeConfig) -> Manifest:
-    """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
+def new_manifest(cfg: RecipeConfig, domain: dict[str, Any] | None = None) -> Manifest:
+    """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``);
+    ``domain``: its ``domain`` section when the job gives its own (a mixed recipe's parts),
+    else ``domain_summary``."""
     started, since = run_clock()
     manifest = Manifest(
         recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
     )
-    manifest.extra["domain"] = domain_summary(cfg)
+    manifest.extra["domain"] = domain_summary(cfg) if domain is None else domain
     return manifest
 
 
 def domain_summary(cfg: RecipeConfig) -> dict[str, Any]:
     """The manifest's ``domain``: its name and every tool it offers, so the report can
     list the tools no row called (envsim's step samples carry no tool list)."""
-    if cfg.parts is not None:  # each part's rows carry their own domain's tools
-        return {"name": cfg.domain.name, "parts": [p.label or p.domain.name for p in cfg.parts]}
     from factory.envs.pack import load_domain
 
     tools = [str(t.get("name")) for t in load_domain(cfg).public_tools()]

@@ -164,7 +164,9 @@ def run_mix(
     """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring): each part
     through ``run_job``, the one driver loop's entry (``factory.engine.runner``)."""
     assert cfg.parts is not None
-    manifest = new_manifest(cfg)
+    # each part's rows carry their own domain's tools: the manifest names the parts
+    domain = {"name": cfg.domain.name, "parts": [part_label(p) for p in cfg.parts]}
+    manifest = new_manifest(cfg, domain)
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
     totals = dict.fromkeys(TOTAL_KEYS, 0)
     ledger = Ledger(amplify_caps(cfg))  # what every part spent, against the run-wide caps
