@@ -106,8 +106,7 @@ def check_part_seeds(cfg: RecipeConfig, out_dir: Path) -> None:
     """Every part's seed files, before the folder or Ray (``pipeline.check_seed_files``)."""
     from factory.engine.pipeline import check_seed_files
 
-    assert cfg.parts is not None
-    for i in range(len(cfg.parts)):
+    for i in range(len(cfg.parts or ())):
         check_seed_files(part_recipe(cfg, i, out_dir))
 
 
