@@ -27,7 +27,9 @@ so a cap over it would never trigger. ``check_cost_cap_priced`` refuses such a
 recipe before anything starts.
 
 ``BudgetState`` is the pure logic (unit-tested without Ray); ``BudgetActor`` is
-the thin Ray wrapper.
+the thin Ray wrapper. Whether a cap is reached is the run ledger's own calculation
+(``factory.engine.ledger.cap_reached``): a data run and a simulated environment stop at
+the same point of the same spend.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from factory.engine.ledger import Caps, cap_reached
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -45,7 +48,8 @@ __all__ = ["BudgetActor", "BudgetState", "budget_actor", "check_cost_cap_priced"
 
 
 def check_cost_cap_priced(cfg: Recipe) -> None:
-    """Refuse a ``max_cost_usd`` cap when a model it must watch has no price.
+    """Refuse a ``max_cost_usd`` cap when a model it must watch has no price (the input
+    check of the kinds with caps: ``factory.engine.jobs.registry``).
 
     Raises:
         ConfigError: naming the model, where it is used and how to price it
@@ -91,19 +95,13 @@ class BudgetState:
     def exhausted(self, cost_usd: float = 0.0, tokens: int = 0) -> str | None:
         """The first cap reached, or None; with a reservation (``cost_usd``,
         ``tokens`` > 0): the first cap it would cross."""
-        spent = self.cost_usd + self.reserved_cost_usd
-        used = self.tokens + self.reserved_tokens
-        if self.max_cost_usd is not None and (
-            spent >= self.max_cost_usd or (cost_usd > 0 and spent + cost_usd > self.max_cost_usd)
-        ):
-            return "max_cost_usd"
-        if self.max_tokens is not None and (
-            used >= self.max_tokens or (tokens > 0 and used + tokens > self.max_tokens)
-        ):
-            return "max_tokens"
-        if self.max_calls is not None and self.calls >= self.max_calls:
-            return "max_calls"
-        return None
+        return cap_reached(
+            Caps(self.max_cost_usd, self.max_tokens, self.max_calls),
+            self.cost_usd + self.reserved_cost_usd,
+            self.tokens + self.reserved_tokens,
+            self.calls,
+            adding=(cost_usd, tokens),
+        )
 
     def try_start(self, cost_usd: float = 0.0, tokens: int = 0) -> bool:
         """May one more new call start? Counts it, and reserves ``cost_usd`` and

@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from factory.engine.stages.base import FAILED, UNISSUED
 from factory.engine.work import ItemResult
 
-__all__ = ["CAPS", "TIMELINE_COLUMNS", "Caps", "Ledger", "StageSpend"]
+__all__ = ["CAPS", "TIMELINE_COLUMNS", "Caps", "Ledger", "StageSpend", "cap_reached"]
 
 CAPS = ("max_calls", "max_cost_usd", "max_tokens")
 # The run's time series (manifest ``timeline``, plotted by the run report): one point per
@@ -56,6 +57,44 @@ class Caps:
 
     def any(self) -> bool:
         return any(v is not None for v in (self.max_cost_usd, self.max_tokens, self.max_calls))
+
+    def left(self, cost_usd: float, tokens: int, calls: int) -> Caps:
+        """What is left of each cap after that spend (None: no cap); at least a sliver, so
+        a run given the rest (a mixed recipe's next part) stops at once with the cap's
+        name instead of failing the recipe's validation."""
+
+        def rest(cap: float | None, used: float) -> float | None:
+            return None if cap is None else max(cap - used, 1e-9)
+
+        def rest_int(cap: int | None, used: int) -> int | None:
+            return None if cap is None else max(1, int(cap - used))
+
+        return Caps(
+            rest(self.max_cost_usd, cost_usd),
+            rest_int(self.max_tokens, tokens),
+            rest_int(self.max_calls, calls),
+        )
+
+
+def cap_reached(
+    caps: Caps, cost_usd: float, tokens: int, calls: int, adding: tuple[float, int] = (0.0, 0)
+) -> str | None:
+    """The first cap reached by that spend (reservations included), or None; with
+    ``adding`` (a batched request's estimated cost and tokens): the first cap it would
+    cross. The one cap calculation: the run's ``Ledger`` and the simulated environments'
+    ``BudgetState`` (``factory.engine.budget``) both ask it (pure)."""
+    add_cost, add_tokens = adding
+    if caps.max_cost_usd is not None and (
+        cost_usd >= caps.max_cost_usd or (add_cost > 0 and cost_usd + add_cost > caps.max_cost_usd)
+    ):
+        return "max_cost_usd"
+    if caps.max_tokens is not None and (
+        tokens >= caps.max_tokens or (add_tokens > 0 and tokens + add_tokens > caps.max_tokens)
+    ):
+        return "max_tokens"
+    if caps.max_calls is not None and calls >= caps.max_calls:
+        return "max_calls"
+    return None
 
 
 @dataclass
@@ -212,14 +251,25 @@ class Ledger:
     # -- the budget -----------------------------------------------------------------------
     def exhausted(self) -> str | None:
         """The first cap reached (spend and reservations count), or None."""
-        c = self.caps
-        if c.max_cost_usd is not None and self.cost_usd + self.reserved_usd >= c.max_cost_usd:
-            return "max_cost_usd"
-        if c.max_tokens is not None and self.run_tokens + self.reserved_tokens >= c.max_tokens:
-            return "max_tokens"
-        if c.max_calls is not None and self.calls >= c.max_calls:
-            return "max_calls"
-        return None
+        return cap_reached(
+            self.caps,
+            self.cost_usd + self.reserved_usd,
+            self.run_tokens + self.reserved_tokens,
+            self.calls,
+        )
+
+    def left(self) -> Caps:
+        """What is left of the caps after this ledger's spend (``Caps.left``)."""
+        return self.caps.left(self.cost_usd, self.run_tokens, self.calls)
+
+    def carry(self, name: str, tokens: Mapping[str, int], cost_usd: float, calls: int) -> None:
+        """Count the spend of a run made apart (a mixed recipe's part, read from its
+        manifest) under ``name``: its tokens by kind, its cost and its calls count
+        against the caps like this run's own."""
+        spend = self.spend[name]
+        spend.tokens.update(tokens)
+        spend.cost_usd += cost_usd
+        spend.calls += calls
 
     def allowance(self, wanted: int, in_flight: int, estimate: tuple[float, int] = (0.0, 0)) -> int:
         """How many of ``wanted`` LLM items may go out now, with ``in_flight`` out already.

@@ -1,8 +1,11 @@
 """The one driver loop every job runs: issue what the planner asks, use results in order.
 
-A job is a declaration (``Job``): the chains of stages its workers run, a
-``Planner`` that says what to issue next from what came back, and a ``Sink`` that
-files each final row (data, surplus, rejects, failed). ``drive`` runs it:
+A job (``Job``, the contract every job of ``factory.engine.jobs`` implements) is a
+declaration: the chains of stages its workers run, a ``Planner`` that says what to
+issue next from what came back, a ``Sink`` that files each final row (data,
+surplus, rejects, failed), the caps and worker shape it runs under; when the loop
+is done, ``Job.finish`` closes its writers and returns a ``JobReport`` the runner
+writes into the manifest. ``drive`` runs the declaration:
 
 1. while the workers have room, the ledger admits LLM items (budget caps) and the
    planner issues items (``Planner.issue``);
@@ -30,16 +33,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from factory.engine.ledger import Ledger
+from factory.engine.ledger import Caps, Ledger
 from factory.engine.pool import Pool
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult, Reorder
 from factory.engine.worker import NOT_NEEDED
 
-__all__ = ["Bar", "Health", "Job", "Planner", "Sink", "drive", "wind_down"]
+__all__ = [
+    "Bar",
+    "Declaration",
+    "Declared",
+    "Health",
+    "Job",
+    "JobReport",
+    "Planner",
+    "Sink",
+    "Workers",
+    "drive",
+    "wind_down",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +138,24 @@ class Health(Protocol):
         ...
 
 
+class Declared(Protocol):
+    """What ``drive`` reads of a job: its planner, its sink, what an LLM item reserves."""
+
+    @property
+    def planner(self) -> Planner: ...
+
+    @property
+    def sink(self) -> Sink: ...
+
+    @property
+    def reserve(self) -> tuple[float, int]:
+        """(cost, tokens) one LLM item reserves against the caps (a batched backend's
+        estimate; zeros for online backends, whose spend is counted as it comes)."""
+        ...
+
+
 @dataclass
-class Job:
+class Declaration:
     """A job as a declaration: its chains, planner and sink (``factory.engine.jobs``)."""
 
     name: str
@@ -135,8 +167,79 @@ class Job:
     reserve: tuple[float, int] = (0.0, 0)
 
 
+@dataclass(frozen=True)
+class Workers:
+    """The shape of a job's workers: items one worker holds at once (``capacity``) and
+    its LLM request slots (``slots``; None: the pool's default, a CPU job)."""
+
+    capacity: int = 8
+    slots: int | None = None
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What a job tells the manifest once the loop is done (``Job.finish``).
+
+    ``sections``: the job's own manifest sections (a None value is left out, except
+    ``mixture``: its absence is said). ``totals`` / ``stages``: a job whose rows are
+    decided after the loop (the envsim selection) gives its own; None takes the
+    ledger's. ``report``: a text the run's summary prints (the selection's report).
+    """
+
+    sections: Mapping[str, object] = field(default_factory=dict)
+    totals: Mapping[str, int] | None = None
+    stages: Mapping[str, Mapping[str, int]] | None = None
+    report: str | None = None
+
+
+class Job(Declared, Protocol):
+    """The contract every job implements (``factory.engine.jobs``; the runner sees no
+    other): the declaration ``drive`` runs, what the runner sets up around it, and what
+    it reports at the end."""
+
+    @property
+    def name(self) -> str:
+        """The job's kind (``curate``, ``amplify``, ``envsim``)."""
+        ...
+
+    @property
+    def pipeline(self) -> str:
+        """What the manifest's ``pipeline`` says."""
+        ...
+
+    @property
+    def chains(self) -> Mapping[str, Sequence[StageSpec]]:
+        """The chains of stages its workers run from the start (more may be added while
+        it runs through the ``add_chain`` it was declared with)."""
+        ...
+
+    @property
+    def caps(self) -> Caps:
+        """The budget caps the run's ledger enforces."""
+        ...
+
+    @property
+    def workers(self) -> Workers:
+        """Items per worker and LLM slots per worker."""
+        ...
+
+    def running(self, progress: bool) -> AbstractContextManager[None]:
+        """Held while the loop runs: the job's own console lines (a batched backend's
+        batches), shown when ``progress``."""
+        ...
+
+    def finish(self, ledger: Ledger, stopped_by: str | None) -> JobReport:
+        """Close the writers; what the manifest says of the job (the ledger adds its own)."""
+        ...
+
+    def error(self, stopped_by: str | None) -> str | None:
+        """A failure the run ends with although the loop ended (paid answers the cache
+        refused, and where they are kept), or None."""
+        ...
+
+
 def drive(
-    job: Job,
+    job: Declared,
     pool: Pool,
     ledger: Ledger,
     *,

@@ -13,9 +13,10 @@ from typing import Any
 
 from factory.engine.console import ProgressBar, run_clock
 from factory.engine.ledger import Ledger
+from factory.engine.loop import JobReport
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
-from factory.recipe import MixRecipe, Recipe, config_hash
+from factory.recipe import Recipe, config_hash
 
 __all__ = [
     "CAPS",
@@ -133,21 +134,21 @@ def _progress(enabled: bool, total: int | None, desc: str) -> ProgressBar:
     return ProgressBar(total=total, desc=desc, disable=not enabled, unit="row", dynamic_ncols=True)
 
 
-def new_manifest(cfg: Recipe) -> Manifest:
-    """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``)."""
+def new_manifest(cfg: Recipe, domain: dict[str, Any] | None = None) -> Manifest:
+    """The run's manifest, timed by the run's clock (``factory.engine.console.run_clock``);
+    ``domain``: its ``domain`` section when the job gives its own (a mixed recipe's parts),
+    else ``domain_summary``."""
     started, since = run_clock()
     manifest = Manifest(
         recipe=cfg.name, config_hash=config_hash(cfg), started=started, wall_time_from=since
     )
-    manifest.extra["domain"] = domain_summary(cfg)
+    manifest.extra["domain"] = domain_summary(cfg) if domain is None else domain
     return manifest
 
 
 def domain_summary(cfg: Recipe) -> dict[str, Any]:
     """The manifest's ``domain``: its name and every tool it offers, so the report can
     list the tools no row called (envsim's step samples carry no tool list)."""
-    if isinstance(cfg, MixRecipe):  # each part's rows carry their own domain's tools
-        return {"name": cfg.domain.name, "parts": [p.label or p.domain.name for p in cfg.parts]}
     from factory.envs.pack import load_domain
 
     tools = [str(t.get("name")) for t in load_domain(cfg.domain).public_tools()]
@@ -160,23 +161,23 @@ def write_manifest(
     ledger: Ledger,
     *,
     pipeline: str,
-    sections: dict[str, Any] | None = None,
-    totals: dict[str, int] | None = None,
-    stages: dict[str, dict[str, int]] | None = None,
+    report: JobReport,
 ) -> dict[str, int]:
     """Write ``manifest.json`` from the run's ledger (totals, stages, reasons, tokens,
-    cost, budget, timeline) and the job's own ``sections``; returns the totals.
-
-    ``totals`` / ``stages``: a job whose rows are decided after the loop (the envsim
-    selection) gives its own.
-    """
-    totals = totals or ledger.totals()
-    manifest.stages = stages or ledger.stages()
+    cost, budget, timeline) and the job's report (``Job.finish``: its own sections, and
+    its own totals and stages when its rows are decided after the loop); returns the
+    totals."""
+    totals = dict(report.totals) if report.totals is not None else ledger.totals()
+    manifest.stages = (
+        {stage: dict(kinds) for stage, kinds in report.stages.items()}
+        if report.stages is not None
+        else ledger.stages()
+    )
     for stage, codes in ledger.reasons.items():
         for code, n in codes.items():
             manifest.reason(stage, code, n)
     manifest.extra.update(pipeline=pipeline, **ledger.manifest_fields())
-    for key, value in (sections or {}).items():
+    for key, value in report.sections.items():
         if value is not None or key == "mixture":
             manifest.extra[key] = value
     manifest.write(out_dir, **totals)

@@ -1,9 +1,11 @@
 """Run a loaded recipe end to end and report what happened.
 
-``run`` takes the output folder (lock, resume, verification); ``run_job`` declares
-the recipe's job (``factory.engine.jobs``), starts its workers and runs the one
-driver loop (``factory.engine.loop.drive``); the manifest is written from the
-run's ledger and the job's own sections. The ``RunResult``'s totals satisfy
+``run`` takes the output folder (lock, resume, verification) and starts the run's
+own LLM pool when the recipe serves one (``llm.serve``), whatever the job; ``run_job``
+declares the recipe's job (``factory.engine.jobs.registry``: the runner knows no job
+kind), starts its workers and runs the one driver loop (``factory.engine.loop.drive``);
+the manifest is written from the run's ledger and the job's report
+(``loop.Job.finish``). The ``RunResult``'s totals satisfy
 accepted + surplus + rejected + failed = total rows (seeds for ``curate``; calls
 for ``amplify``; step samples for ``envsim``).
 """
@@ -15,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +32,17 @@ from factory.engine.console import (
     start_run_clock,
 )
 from factory.engine.health import UNREACHABLE, EndpointWatch
-from factory.engine.jobs.amplify import batch_progress
-from factory.engine.ledger import Caps, Ledger
-from factory.engine.loop import drive, wind_down
+from factory.engine.jobs import registry
+from factory.engine.ledger import Ledger
+from factory.engine.loop import Job, drive, wind_down
 from factory.engine.pool import ActorPool
 from factory.engine.raycompat import ray_address
 from factory.engine.result import RunResult, new_manifest, write_manifest
-from factory.engine.settings import llm_slots
+from factory.engine.stages.base import StageSpec
 from factory.engine.watchdog import Lifeline
 from factory.errors import FactoryError, OutputWriteError
 from factory.io.writer import atomic_write_text, prepare_conversion
-from factory.recipe import AmplifyRecipe, CurateRecipe, EnvsimRecipe, MixRecipe, Recipe
+from factory.recipe import Recipe
 
 if TYPE_CHECKING:
     from factory.io.mirror import Mirror
@@ -50,33 +53,33 @@ log = logging.getLogger(__name__)
 
 
 def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
-    """Run the job ``cfg`` declares (curate, amplify or envsim) through the one driver loop
-    and write its manifest from the run's ledger and the job's own sections."""
+    """Run the job ``cfg`` declares (``registry.declare``) through the one driver loop
+    and write its manifest from the run's ledger and the job's report."""
     from factory.engine.raycompat import init_ray
 
     manifest = new_manifest(cfg)
-    ledger = Ledger(caps_of(cfg), started=manifest.started)
     pool: ActorPool | None = None
 
-    def add_chain(name: str, specs: Any) -> None:
+    def add_chain(name: str, specs: Sequence[StageSpec]) -> None:
         assert pool is not None
         pool.add_chain(name, specs)
 
-    job = declare(cfg, out_dir, manifest, add_chain)  # recipe errors stop here, before Ray
+    job = registry.declare(cfg, out_dir, manifest, add_chain)  # recipe errors stop here
+    ledger = Ledger(job.caps, started=manifest.started)
     init_ray(cfg.ray.address)
     threading.Thread(target=prepare_conversion, name="factory-arrow", daemon=True).start()
     bars = Bars(enabled=progress)
     watch = EndpointWatch(cfg.llm.stall_s) if cfg.llm is not None else None
     try:
-        with Lifeline(lifeline_host()) as lifeline, batch_progress(cfg, out_dir, progress):
+        with Lifeline(lifeline_host()) as lifeline, job.running(progress):
             pool = ActorPool(
                 job.chains,
                 actors=cfg.ray.actors,
                 num_cpus=cfg.ray.num_cpus,
-                capacity=worker_capacity(cfg),
+                capacity=job.workers.capacity,
                 lifeline=lifeline.address,
                 placement=cfg.ray.placement,
-                slots_per_worker=llm_slots(cfg),
+                slots_per_worker=job.workers.slots,
             )
             try:
                 stopped_by = drive(
@@ -95,15 +98,8 @@ def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
     finally:
         bars.close()
     try:
-        totals = write_manifest(
-            out_dir,
-            manifest,
-            ledger,
-            pipeline=job.pipeline,
-            sections=job.finish(ledger, stopped_by),
-            totals=getattr(job, "totals", None),
-            stages=getattr(job, "stages", None),
-        )
+        report = job.finish(ledger, stopped_by)
+        totals = write_manifest(out_dir, manifest, ledger, pipeline=job.pipeline, report=report)
     except FactoryError as exc:  # the last shards or the manifest: a full disk, typically
         _add_unstored_note(job, exc)
         raise
@@ -112,15 +108,14 @@ def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
         out_dir, totals, manifest_dict, stopped_by=stopped_by, wall_s=manifest_dict["wall_time_s"]
     )
     result.error = job.error(stopped_by)
-    report = getattr(job, "report", None)
-    if report:
-        result.extra["report"] = report
+    if report.report:
+        result.extra["report"] = report.report
     if stopped_by == UNREACHABLE and watch is not None:
         result.extra["stop_message"] = watch.message
     return result
 
 
-def _let_in_flight_finish(cfg: Recipe, pool: ActorPool, job: Any, exc: BaseException) -> None:
+def _let_in_flight_finish(cfg: Recipe, pool: ActorPool, job: Job, exc: BaseException) -> None:
     """The loop ended at once (``exc``: an interrupt, a failed write): the requests on the
     wire get ``llm.stop_grace_s`` to finish and be stored (``loop.wind_down``) before the
     pool is closed. A second Ctrl-C meanwhile ends the process at once (``interrupts``).
@@ -152,29 +147,12 @@ def _let_in_flight_finish(cfg: Recipe, pool: ActorPool, job: Any, exc: BaseExcep
         print(f"note: {note}", file=console(), flush=True)
 
 
-def _add_unstored_note(job: Any, exc: FactoryError) -> None:
+def _add_unstored_note(job: Job, exc: FactoryError) -> None:
     """Name the paid answers the cache refused, and where they are kept (the job's own
     account of them: ``job.error``), under the error a run ends with."""
     note = job.error(None)
     if note is not None and note not in exc.details:
         exc.details = (*exc.details, note)
-
-
-def caps_of(cfg: Recipe) -> Caps:
-    return Caps(*cfg.spend_caps())
-
-
-def worker_capacity(cfg: Recipe) -> int:
-    """Items one worker holds at once: twice its LLM request slots (a finished request's
-    slot is refilled from its queue without waiting for the driver), or a few CPU items.
-
-    Three times the slots left fewer slots idle in the peer benchmark's S1 (16 against 20
-    idle slot-seconds in the middle of a 10 s run, noisy), but a run whose every call
-    fails then took 139 s instead of 42 s to stop
-    (``tests/e2e/test_budget.py::test_a_run_whose_calls_all_fail_exits_incomplete_not_0``):
-    each queued item still goes through its failure. Kept at twice (2026-11-26)."""
-    slots = llm_slots(cfg)
-    return 2 * slots if slots is not None else 8
 
 
 def lifeline_host() -> str:
@@ -185,23 +163,6 @@ def lifeline_host() -> str:
     if node is not None and getattr(node, "head", False) and ray_address(None) == "local":
         return "127.0.0.1"
     return str(ray.util.get_node_ip_address())
-
-
-def declare(cfg: Recipe, out_dir: Path, manifest: Any, add_chain: Any) -> Any:
-    """The job of the recipe's kind, declared."""
-    if isinstance(cfg, CurateRecipe):
-        from factory.engine.jobs.curate import CurateJob
-
-        return CurateJob(cfg, out_dir, manifest)
-    if isinstance(cfg, EnvsimRecipe):
-        from factory.engine.jobs.envsim import EnvsimJob
-
-        return EnvsimJob(cfg, out_dir, manifest)
-    if isinstance(cfg, AmplifyRecipe):
-        from factory.engine.jobs.amplify import AmplifyJob
-
-        return AmplifyJob(cfg, out_dir, manifest, add_chain)
-    raise TypeError(f"no job declares a {type(cfg).__name__} (run_mix runs its parts)")
 
 
 def _final_wall_time(out_dir: Path, result: RunResult) -> None:
@@ -246,8 +207,6 @@ def run(
         OutputLocked: another run holds ``out_dir`` (nothing was touched).
         OutputWriteError: a file could not be written (names the path).
     """
-    from factory.engine.budget import check_cost_cap_priced
-    from factory.engine.pipeline import check_seed_files
     from factory.io.mirror import hold_remote, mirror_dir
     from factory.io.objectstore import output_location
     from factory.io.runstate import hold_output
@@ -260,10 +219,8 @@ def run(
     local = mirror_dir(target) if isinstance(target, str) else target
     if isinstance(target, str) and cfg.cache.enabled and not cfg.cache.path:
         cfg.cache.path = f"{target}/cache"  # on the store: a new head pays nothing twice
-    for seeds in cfg.seed_sections():  # every part's of a mixed recipe; none for envsim
-        check_seed_files(seeds)  # before the folder or Ray: unusable seeds stop the run here
+    registry.check_inputs(cfg, local)  # before the folder or Ray: seeds, an unpriced cap
     cfg.output.dir = str(local)  # actors find the output (and its cache) through the recipe
-    check_cost_cap_priced(cfg)  # before the folder is touched
     if not isinstance(target, str):
         with hold_output(local):
             return _run_locked(cfg, local, progress, fresh, retry_failed, drop_cache, other_cache)
@@ -323,17 +280,19 @@ def _run_locked(
         kept = f" (kept at {mirror.uri}/{LOG_FILE.as_posix()} at the end)" if mirror else ""
         print(f"log (Ray's messages, retries): {log}{kept}", file=console())
         _say_prompt_changes(cfg, out_dir)
-        if isinstance(cfg, MixRecipe):
-            from factory.engine.jobs.mix import run_mix
+        from factory.engine.serve import serving
 
-            result = run_mix(cfg, out_dir, run_job=run_job, progress=progress)
-        else:
-            from factory.engine.serve import serving
-
-            with serving(cfg) as served:  # llm.serve: the run's own vLLM pool, always stopped
+        # llm.serve: the run's own vLLM pool, always stopped, around every kind of job (a
+        # mixed recipe's parts included: each part's recipe is copied from ``cfg`` inside
+        # the block, with the pool's endpoints)
+        with serving(cfg) as served:
+            composite = registry.composite(cfg)
+            if composite is not None:
+                result = composite(out_dir, run_job=run_job, progress=progress)
+            else:
                 result = run_job(cfg, out_dir, progress=progress)
-            if served is not None:
-                result.manifest["serve"] = served.report()
+        if served is not None:
+            result.manifest["serve"] = served.report()
         _final_wall_time(out_dir, result)
         result.extra["mode"] = mode
         interrupts.mark_complete(str(out_dir))  # once run.json says done, the run is done

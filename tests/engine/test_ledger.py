@@ -140,3 +140,58 @@ def test_the_main_progress_bar_shows_the_run_tokens_and_what_this_run_paid() -> 
         "tok": tokens["prompt_tokens"] + tokens["completion_tokens"],
         "usd": "0.50",  # the cached answer was paid by an earlier run
     }
+
+
+@pytest.mark.parametrize(
+    ("caps", "spend"),
+    [
+        (Caps(max_cost_usd=1.0), [(0.3, 0), (0.3, 0), (0.3, 0), (0.3, 0)]),
+        (Caps(max_tokens=250), [(0.0, 110), (0.0, 110), (0.0, 110)]),
+        (Caps(max_calls=2), [(0.0, 0), (0.0, 0), (0.0, 0)]),
+    ],
+)
+def test_the_run_ledger_and_the_simulated_environments_budget_stop_at_the_same_spend(
+    caps: Caps, spend: list[tuple[float, int]]
+) -> None:
+    """One cap calculation (``cap_reached``): the data run's ledger and the simulated
+    environments' ``BudgetState`` name the same cap after the same calls."""
+    from factory.engine.budget import BudgetState
+
+    ledger = Ledger(caps)
+    state = BudgetState(caps.max_cost_usd, caps.max_tokens, caps.max_calls)
+    seen = []
+    for k, (cost, tokens) in enumerate(spend):
+        seen.append((ledger.exhausted(), state.exhausted()))
+        state.try_start()
+        state.finish(cost, tokens)
+        usage = json.dumps({"prompt_tokens": tokens, "completion_tokens": 0})
+        row = {"llm_stage": "amplify", "usage": usage, "cost_usd": cost, "calls": 1}
+        ledger.arrived(ItemResult("calls", k, [row]))
+    seen.append((ledger.exhausted(), state.exhausted()))
+    assert all(a == b for a, b in seen), seen
+    assert seen[-1][0] is not None and seen[0] == (None, None)
+
+
+def test_a_reservation_that_would_cross_a_cap_is_named_by_the_same_calculation() -> None:
+    from factory.engine.ledger import cap_reached
+
+    caps = Caps(max_cost_usd=1.0, max_tokens=1000)
+    assert cap_reached(caps, 0.7, 0, 0) is None
+    assert cap_reached(caps, 0.7, 0, 0, adding=(0.4, 0)) == "max_cost_usd"
+    assert cap_reached(caps, 0.0, 700, 0, adding=(0.0, 400)) == "max_tokens"
+    assert cap_reached(caps, 1.0, 0, 0) == "max_cost_usd"  # reached, not only crossed
+
+
+def test_a_ledger_carries_spend_made_apart_against_its_caps_and_says_what_is_left() -> None:
+    """A mixed recipe's run-wide ledger: each part's spend (from its manifest) counts
+    against the caps; what is left is the next part's caps, at least a sliver."""
+    ledger = Ledger(Caps(max_cost_usd=1.0, max_tokens=1000, max_calls=10))
+    ledger.carry("airline", {"prompt_tokens": 300, "completion_tokens": 100}, 0.25, 4)
+    assert ledger.left() == Caps(max_cost_usd=0.75, max_tokens=600, max_calls=6)
+    assert ledger.exhausted() is None and ledger.tokens["prompt_tokens"] == 300
+    ledger.carry("retail", {"prompt_tokens": 500, "completion_tokens": 200}, 0.5, 6)
+    assert ledger.exhausted() == "max_tokens"  # 0.75 of 1.0 USD, but 1100 of 1000 tokens
+    left = ledger.left()
+    assert left.max_tokens == 1 and left.max_calls == 1
+    assert left.max_cost_usd == pytest.approx(0.25)
+    assert Caps().left(5.0, 5, 5) == Caps()  # no cap: nothing to leave

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from factory.engine.ledger import Caps, Ledger
-from factory.engine.loop import Bar, Job, drive
+from factory.engine.loop import Bar, Declaration, drive
 from factory.engine.pool import LocalPool
 from factory.engine.stages.base import OK, Stage
 from factory.engine.work import Item, ItemResult
@@ -103,7 +103,7 @@ def _run(seed: int, *, target: int = 40, caps: Caps | None = None, reject_every:
     pool = LocalPool({"c": [(FakeLLM, (seed, reject_every))]}, workers=2, capacity=8)
     ledger = Ledger(caps)
     try:
-        stopped = drive(Job("toy", {}, planner, sink), pool, ledger, poll_s=0.01)
+        stopped = drive(Declaration("toy", {}, planner, sink), pool, ledger, poll_s=0.01)
     finally:
         pool.close()
     return planner, sink, ledger, stopped
@@ -310,7 +310,7 @@ def test_rows_of_one_item_stay_together_and_in_order(stream_count: int) -> None:
     sink = Sink(planner)
     pool = LocalPool({"c": [(Fan, ())]}, workers=2, capacity=4)
     try:
-        drive(Job("fan", {}, planner, sink), pool, Ledger(), poll_s=0.01)
+        drive(Declaration("fan", {}, planner, sink), pool, Ledger(), poll_s=0.01)
     finally:
         pool.close()
     outputs = [r["output"] for r in sink.rows]
@@ -340,7 +340,7 @@ def test_the_item_later_results_wait_for_is_hurried_out_of_its_backoff() -> None
     pool = LocalPool({"c": [(BackoffFirst, (3,))]}, workers=2, capacity=8)
     started = time.monotonic()
     try:
-        stopped = drive(Job("toy", {}, planner, Sink(planner)), pool, Ledger(), poll_s=0.01)
+        stopped = drive(Declaration("toy", {}, planner, Sink(planner)), pool, Ledger(), poll_s=0.01)
     finally:
         pool.close()
     assert stopped is None and planner.seen == sorted(planner.seen)

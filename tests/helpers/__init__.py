@@ -454,6 +454,7 @@ def collect_rows(
     """File ``rows`` as the driver loop does (each counted on arrival and when used, in
     order), then close the collector and write the manifest; returns each row's fate."""
     from factory.engine.ledger import Ledger
+    from factory.engine.loop import JobReport
     from factory.engine.result import write_manifest
     from factory.engine.work import ItemResult
 
@@ -466,7 +467,7 @@ def collect_rows(
             ledger.decided(row, kind)
         kinds.append(kind)
     collector.close()
-    write_manifest(out_dir, collector.manifest, ledger, pipeline="test", sections=sections)
+    write_manifest(out_dir, collector.manifest, ledger, pipeline="test", report=JobReport(sections))
     return kinds
 
 
@@ -480,7 +481,7 @@ def drive_calls(
 ) -> list[dict[str, Any]]:
     """Calls ``0..n-1`` of ``cfg``'s amplification chain (amplify, postprocess) through the
     one driver loop on in-process workers, with ``ledger``'s caps; the rows, in order."""
-    from factory.engine.loop import Bar, Job, drive
+    from factory.engine.loop import Bar, Declaration, drive
     from factory.engine.pool import LocalPool
     from factory.engine.stages.amplify import build_amplify, seed_order
     from factory.engine.stages.postprocess import build_postprocess
@@ -533,7 +534,7 @@ def drive_calls(
     chain = [(build_amplify, (cfg, stage_settings(cfg), kept, order)), (build_postprocess, (cfg,))]
     pool = LocalPool({"calls": chain}, workers=1, capacity=max(1, n))
     try:
-        drive(Job("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
+        drive(Declaration("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
     finally:
         pool.close()
     return rows

@@ -8,12 +8,14 @@ files every reject with its reason.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from factory.engine.collect import Collector
-from factory.engine.loop import Bar, Job
+from factory.engine.ledger import Caps, Ledger
+from factory.engine.loop import Bar, Declaration, JobReport, Workers
 from factory.engine.pipeline import build_export, build_seed_check, seed_rows_local
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
 from factory.engine.settings import export_settings, quality_settings, seed_check_settings
@@ -71,10 +73,13 @@ class CuratePlanner:
         ]
 
 
-class CurateJob(Job):
-    """Validate and convert seeds into a LLaMA-Factory dataset."""
+class CurateJob(Declaration):
+    """Validate and convert seeds into a LLaMA-Factory dataset (``loop.Job``: no LLM, no
+    caps, a few CPU items per worker)."""
 
     pipeline = "curate"
+    caps = Caps()
+    workers = Workers()
 
     def __init__(self, cfg: CurateRecipe, out_dir: Path, manifest: Manifest) -> None:
         from factory.envs.pack import load_domain
@@ -103,9 +108,12 @@ class CurateJob(Job):
             sink=self.collector,
         )
 
-    def finish(self, ledger: Any, stopped_by: str | None) -> dict[str, Any]:
+    def running(self, progress: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finish(self, ledger: Ledger, stopped_by: str | None) -> JobReport:
         self.collector.close()
-        return {"decontamination": decontam_summary(self.cfg, self.manifest)}
+        return JobReport({"decontamination": decontam_summary(self.cfg, self.manifest)})
 
     def error(self, stopped_by: str | None) -> str | None:
         return None

@@ -24,6 +24,7 @@ the held-out rows among them) + rejected (a step whose invariants failed; reject
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -35,7 +36,8 @@ import pyarrow.parquet as pq
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
-from factory.engine.loop import Bar, Job
+from factory.engine.ledger import Caps, Ledger
+from factory.engine.loop import Bar, Declaration, JobReport, Workers
 from factory.engine.stages.base import Stage
 from factory.engine.work import Item, ItemResult
 from factory.errors import ConfigError, SeedError
@@ -375,10 +377,13 @@ class EnvsimSink:
         return "accepted"
 
 
-class EnvsimJob(Job):
-    """The simulator-data job of ``cfg`` writing into ``out_dir`` (module docstring)."""
+class EnvsimJob(Declaration):
+    """The simulator-data job of ``cfg`` writing into ``out_dir`` (module docstring;
+    ``loop.Job``: no LLM, no caps, a few CPU items per worker)."""
 
     pipeline = "envsim"
+    caps = Caps()
+    workers = Workers()
 
     def __init__(self, cfg: EnvsimRecipe, out_dir: Path, manifest: Manifest) -> None:
         from factory.envs.pack import load_domain
@@ -423,12 +428,16 @@ class EnvsimJob(Job):
         self.envsim_planner = EnvsimPlanner(worlds, max_episodes=es.max_episodes, sink=self.steps)
         super().__init__(name="envsim", chains=chains, planner=self.envsim_planner, sink=self.steps)
 
+    def running(self, progress: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def error(self, stopped_by: str | None) -> str | None:
         return None
 
-    def finish(self, ledger: Any, stopped_by: str | None) -> dict[str, Any]:
+    def finish(self, ledger: Ledger, stopped_by: str | None) -> JobReport:
         """Select the mixture (and the held-out one), write the alpaca shards; the job's
-        manifest sections and its totals (``totals``: steps = selected + not + rejected)."""
+        manifest sections, its totals (steps = selected + not + rejected) and stages, and
+        the selection's report."""
         cfg, out_dir, manifest, sink = self.cfg, self.out_dir, self.manifest, self.steps
         mx, ho = cfg.mixture, cfg.envsim.heldout
         sink.candidates.close()
@@ -495,30 +504,25 @@ class EnvsimJob(Job):
         )
         selected = data.rows_written
         rejected = sink.counts["rejected"]
-        self.totals = {
+        surplus = sink.counts["total"] - rejected - selected
+        totals = {
             "total": sink.counts["total"],
             "accepted": selected,
-            "surplus": sink.counts["total"] - rejected - selected,
+            "surplus": surplus,
             "rejected": rejected,
             "failed": 0,
         }
-        self.stages = {
-            "envsim": {
-                "accepted": selected,
-                "rejected": rejected,
-                "surplus": self.totals["surplus"],
-            }
-        }
-        self.report = selection.report()
+        stages = {"envsim": {"accepted": selected, "rejected": rejected, "surplus": surplus}}
         if selection.shortfall and not mx.allow_shortfall:
             raise SeedError(
                 "shortfall",
                 f"mixture quotas not met: {selection.shortfall} "
                 f"(after {self.envsim_planner.episodes} episodes; raise envsim.max_episodes)",
             )
-        return {
+        sections = {
             **extras,
             "episodes": self.envsim_planner.episodes,
             "mixture": {**selection.summary(), "groups": dict(groups)},
             "diversity": diversity.summary(tasks[False]),
         }
+        return JobReport(sections, totals=totals, stages=stages, report=selection.report())

@@ -17,22 +17,33 @@ Every part shares the recipe's response cache (``OUT/cache`` unless ``cache.path
 names one), so ``--fresh`` keeps what every part paid for. Caps are run-wide: a part
 gets what the parts before it left of ``max_cost_usd``, ``max_tokens`` and
 ``max_calls``, and a cap reached stops the parts after it (they are recorded as not
-run).
+run): one run-wide ``Ledger`` carries each part's spend, and its cap calculation (the
+one every job and the simulated environments use) says what is left and when a cap is
+reached.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from factory.engine.jobs.amplify import amplify_caps
+from factory.engine.ledger import Ledger
 from factory.engine.result import RunResult, new_manifest
 from factory.io.writer import ShardWriter, write_dataset_info
 from factory.recipe import AmplifyRecipe, MixRecipe, PartConfig
 
-__all__ = ["label_rows", "part_label", "part_recipe", "run_mix"]
+__all__ = [
+    "Composite",
+    "RunJob",
+    "check_part_seeds",
+    "label_rows",
+    "part_label",
+    "part_recipe",
+    "run_mix",
+]
 
 PARTS_DIR = "parts"
 TOTAL_KEYS = ("total", "accepted", "surplus", "rejected", "failed")
@@ -57,12 +68,15 @@ def part_recipe(
     """
     part = cfg.parts[index]
     spent = spent or {}
+    left = amplify_caps(cfg).left(
+        spent.get("cost_usd", 0.0), int(spent.get("tokens", 0)), int(spent.get("calls", 0))
+    )
     amp = cfg.amplify.model_copy(
         update={
             "target": part.quota,
-            "max_cost_usd": _left(cfg.amplify.max_cost_usd, spent.get("cost_usd", 0.0)),
-            "max_tokens": _left(cfg.amplify.max_tokens, spent.get("tokens", 0)),
-            "max_calls": _left(cfg.amplify.max_calls, spent.get("calls", 0)),
+            "max_cost_usd": left.max_cost_usd,
+            "max_tokens": left.max_tokens,
+            "max_calls": left.max_calls,
         }
     )
     cache = cfg.cache.model_copy(update={"path": cfg.cache.path or str(out_dir / "cache")})
@@ -75,28 +89,12 @@ def part_recipe(
     return cfg.part(index).model_copy(update={"amplify": amp, "cache": cache, "output": output})
 
 
-def _left(cap: Any, used: float) -> Any:
-    """What is left of a cap (None: no cap); at least a sliver, so the part stops at once
-    with the cap's name instead of failing validation."""
-    if cap is None:
-        return None
-    left = cap - used
-    if isinstance(cap, int):
-        return max(1, int(left))
-    return max(left, 1e-9)
+def check_part_seeds(cfg: MixRecipe, out_dir: Path) -> None:
+    """Every part's seed files, before the folder or Ray (``pipeline.check_seed_files``)."""
+    from factory.engine.pipeline import check_seed_files
 
-
-def _exhausted(cfg: MixRecipe, spent: dict[str, float]) -> str | None:
-    """The run-wide cap earlier parts used up, if any."""
-    amp = cfg.amplify
-    for cap, used, name in (
-        (amp.max_cost_usd, spent["cost_usd"], "max_cost_usd"),
-        (amp.max_tokens, spent["tokens"], "max_tokens"),
-        (amp.max_calls, spent["calls"], "max_calls"),
-    ):
-        if cap is not None and used >= cap:
-            return name
-    return None
+    for seeds in cfg.seed_sections():
+        check_seed_files(seeds)
 
 
 def label_rows(rows: Iterator[dict[str, Any]], label: str) -> Iterator[dict[str, Any]]:
@@ -115,12 +113,25 @@ def _part_rows(part_dir: Path) -> Iterator[dict[str, Any]]:
             yield from batch.to_pylist()
 
 
-RunJob = Callable[..., Any]  # factory.engine.runner.run_job: (cfg, out_dir, progress=) -> result
+class RunJob(Protocol):
+    """``factory.engine.runner.run_job``: one job of the loop, run into its folder."""
+
+    def __call__(
+        self, cfg: AmplifyRecipe, out_dir: Path, *, progress: bool = True
+    ) -> RunResult: ...
+
+
+class Composite(Protocol):
+    """A job that runs jobs of the loop of its own, each through ``run_job`` (``run_mix``)."""
+
+    def __call__(
+        self, cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = True
+    ) -> RunResult: ...
 
 
 def _run_part(
     sub: AmplifyRecipe, part_dir: Path, progress: bool, run_job: RunJob
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], str | None]:
     """Run (or resume, or reuse when done) one part in its folder; (manifest, stopped_by)."""
     from factory.io.runstate import finish_run, prepare_output
 
@@ -138,21 +149,23 @@ def _run_part(
 def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = True) -> RunResult:
     """Run a recipe with ``parts`` into ``out_dir`` (see the module docstring): each part
     through ``run_job``, the one driver loop's entry (``factory.engine.runner``)."""
-    manifest = new_manifest(cfg)
+    # each part's rows carry their own domain's tools: the manifest names the parts
+    domain = {"name": cfg.domain.name, "parts": [part_label(p) for p in cfg.parts]}
+    manifest = new_manifest(cfg, domain)
     data = ShardWriter(out_dir, shard_rows=cfg.output.shard_rows)
     totals = dict.fromkeys(TOTAL_KEYS, 0)
-    spent: dict[str, float] = {"cost_usd": 0.0, "tokens": 0, "calls": 0}
-    tokens_by_kind: Counter[str] = Counter()
+    ledger = Ledger(amplify_caps(cfg))  # what every part spent, against the run-wide caps
     parts: dict[str, Any] = {}
     stopped_by: str | None = None
     error: str | None = None
     for index, part in enumerate(cfg.parts):
         label = part_label(part)
-        cap = _exhausted(cfg, spent)
+        cap = ledger.exhausted()
         if cap is not None or error is not None:
             stopped_by = stopped_by or cap
             parts[label] = {"quota": part.quota, "run": False, "stopped_by": cap}
             continue
+        spent = {"cost_usd": ledger.cost_usd, "tokens": ledger.run_tokens, "calls": ledger.calls}
         sub = part_recipe(cfg, index, out_dir, spent)
         part_dir = Path(sub.output.dir)
         part_manifest, part_stop = _run_part(sub, part_dir, progress, run_job)
@@ -163,8 +176,6 @@ def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = 
         part_totals = part_manifest.get("totals") or {}
         for key in TOTAL_KEYS:
             totals[key] += int(part_totals.get(key, 0))
-        tokens = part_manifest.get("tokens") or {}
-        tokens_by_kind.update({k: int(v) for k, v in tokens.items()})
         for stage, outcomes in (part_manifest.get("stages") or {}).items():
             manifest.stages.setdefault(stage, {})
             for outcome, n in outcomes.items():
@@ -172,11 +183,12 @@ def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = 
         for stage, codes in (part_manifest.get("reasons") or {}).items():
             for code, n in codes.items():
                 manifest.reason(stage, code, n)
-        spent["cost_usd"] += float(part_manifest.get("cost_usd") or 0.0)
-        spent["tokens"] += int(tokens.get("prompt_tokens", 0)) + int(
-            tokens.get("completion_tokens", 0)
+        ledger.carry(
+            label,
+            tokens={k: int(v) for k, v in (part_manifest.get("tokens") or {}).items()},
+            cost_usd=float(part_manifest.get("cost_usd") or 0.0),
+            calls=int((part_manifest.get("calls") or {}).get("issued", 0)),
         )
-        spent["calls"] += int((part_manifest.get("calls") or {}).get("issued", 0))
         parts[label] = {
             "quota": part.quota,
             "run": True,
@@ -197,9 +209,9 @@ def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = 
     manifest.extra.update(
         pipeline="amplify",
         parts=parts,
-        cost_usd=round(spent["cost_usd"], 6),
-        tokens=dict(tokens_by_kind),
-        calls={"issued": int(spent["calls"])},
+        cost_usd=round(ledger.cost_usd, 6),
+        tokens=dict(ledger.tokens),
+        calls={"issued": ledger.calls},
         target={
             "requested": sum(p.quota for p in cfg.parts),
             "reached": totals["accepted"] >= sum(p.quota for p in cfg.parts),
