@@ -31,6 +31,7 @@ from typing import Any
 from factory.config import PartConfig, RecipeConfig
 from factory.engine.result import RunResult, new_manifest
 from factory.io.writer import ShardWriter, write_dataset_info
+from factory.llm.backends.openai_wire import tokens_usage
 
 __all__ = ["label_rows", "part_label", "part_recipe", "run_mix"]
 
@@ -190,9 +191,7 @@ def run_mix(
             for code, n in codes.items():
                 manifest.reason(stage, code, n)
         spent["cost_usd"] += float(part_manifest.get("cost_usd") or 0.0)
-        spent["tokens"] += int(tokens.get("prompt_tokens", 0)) + int(
-            tokens.get("completion_tokens", 0)
-        )
+        spent["tokens"] += tokens_usage(tokens).total
         spent["calls"] += int((part_manifest.get("calls") or {}).get("issued", 0))
         parts[label] = {
             "quota": part.quota,
