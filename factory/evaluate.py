@@ -381,13 +381,14 @@ def llm_predictor(
     """A predictor that asks ``client`` (an ``LLMClient``) to simulate each sample.
 
     Args:
-        client: has ``model`` and ``async complete(messages, request_id=...)``.
+        client: has ``model`` and ``async complete(request)``.
         tools: function specs; a called tool missing from them gets
             :func:`factory.envsim.simulator.unknown_tool_spec`.
         code: tool name -> source shown in the prompt.
         facts: tool name -> the domain's simulator facts (current time, new ids) for it.
     """
     from factory.engine.stages.llm_stage import request_id
+    from factory.llm.types import Request
 
     specs = {t["name"]: t for t in tools}
 
@@ -399,7 +400,7 @@ def llm_predictor(
             sample, spec, (code or {}).get(name), (facts or {}).get(name)
         )
         rid = request_id("simulate", client.model, EVAL_SAMPLING, messages, sample=sample["id"])
-        completion = await client.complete(messages, request_id=rid)
+        completion = await client.complete(Request.of(rid, messages))
         return str(completion.text)
 
     return predict
@@ -424,6 +425,7 @@ def _load_tools(path: Path) -> list[dict[str, Any]]:
 
 def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
+    from factory.llm.backends.openai import sdk_transport
 
     if args.recipe:
         import dataclasses
@@ -454,6 +456,7 @@ def _client_and_tools(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any
         timeout_s=args.timeout,
         retry=RetryPolicy(max_attempts=args.max_attempts),
         price=None,
+        client_factory=sdk_transport,
     )
     args.domain = default_domain(args.domain, args.samples)
     return client, _load_tools(Path(args.tools) if args.tools else _pack_tools(args.domain))

@@ -58,9 +58,9 @@ class Estimate:
     """The plan's totals over its LLM stages."""
 
     calls: int
-    prompt_tokens: int
+    input_tokens: int
     cached_tokens: int
-    completion_tokens: int
+    output_tokens: int
     cost_usd: float | None  # None: a stage's model has no price
     batch: bool = False  # cost_usd at the Batch API's prices
     unpriced: tuple[str, ...] = ()
@@ -76,9 +76,9 @@ def estimate(stages: list[Any], *, batch: bool = False) -> Estimate:
     batched = sum(s.batch_cost_usd or 0.0 for s in stages) if priced else None
     return Estimate(
         calls=sum(s.calls for s in stages),
-        prompt_tokens=sum(s.prompt_tokens for s in stages),
+        input_tokens=sum(s.input_tokens for s in stages),
         cached_tokens=sum(s.cached_tokens for s in stages),
-        completion_tokens=sum(s.completion_tokens for s in stages),
+        output_tokens=sum(s.output_tokens for s in stages),
         cost_usd=batched if batch else online,
         batch=batch,
         unpriced=unpriced,
@@ -262,8 +262,8 @@ def plan_lines(
     """What a run prints under the plan's table before its first call. ``left``: the
     calls and cost left to pay (``left_to_pay``), shown when the cache holds answers."""
     lines = [
-        f"plan: {est.calls:,} LLM calls, {_tokens(est.prompt_tokens)} prompt tokens "
-        f"({_tokens(est.cached_tokens)} of them cached), {_tokens(est.completion_tokens)} "
+        f"plan: {est.calls:,} LLM calls, {_tokens(est.input_tokens)} prompt tokens "
+        f"({_tokens(est.cached_tokens)} of them cached), {_tokens(est.output_tokens)} "
         "completion tokens"
     ]
     if est.cost_usd is None:

@@ -31,6 +31,7 @@ from factory.evaluate import (
     tool_sources,
 )
 from factory.llm import Endpoint, EndpointPool, LLMClient, RetryPolicy
+from factory.llm.backends.openai import sdk_transport
 from tests.conftest import ROOT
 from tests.helpers import booking_args
 
@@ -313,6 +314,7 @@ def _client(url: str, attempts: int = 3) -> LLMClient:
         timeout_s=20,
         retry=RetryPolicy(max_attempts=attempts, base_delay=0.01, max_delay=0.05),
         price=None,
+        client_factory=sdk_transport,
     )
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from factory.engine.stages.base import FAILED, UNISSUED
 from factory.engine.work import ItemResult
+from factory.llm.backends.openai_wire import tokens_record, tokens_usage
+from factory.llm.types import Usage
 
 __all__ = ["CAPS", "TIMELINE_COLUMNS", "Caps", "Ledger", "StageSpend", "cap_reached"]
 
@@ -101,7 +102,7 @@ def cap_reached(
 class StageSpend:
     """What one LLM stage spent: tokens, cost (whoever paid), what this run paid."""
 
-    tokens: Counter[str] = field(default_factory=Counter)
+    usage: Usage | None = None  # None: no answer counted yet (the manifest's tokens: {})
     cost_usd: float = 0.0
     paid_usd: float = 0.0
     calls: int = 0  # requests sent by this run (cache replays are not calls)
@@ -112,7 +113,7 @@ class StageSpend:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "tokens": dict(self.tokens),
+            "tokens": {} if self.usage is None else tokens_record(self.usage),
             "cost_usd": round(self.cost_usd, 6),
             "cost_usd_paid_this_run": round(self.paid_usd, 6),
             "calls": self.calls,
@@ -166,17 +167,16 @@ class Ledger:
         return sum(s.replayed for s in self.spend.values())
 
     @property
-    def tokens(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for s in self.spend.values():
-            total.update(s.tokens)
-        return total
+    def usage(self) -> Usage | None:
+        """What every stage's answers used (None: no answer counted yet)."""
+        used = [s.usage for s in self.spend.values() if s.usage is not None]
+        return sum(used[1:], used[0]) if used else None
 
     @property
     def run_tokens(self) -> int:
-        """Prompt + completion tokens (cached tokens are part of the prompt's)."""
-        t = self.tokens
-        return t["prompt_tokens"] + t["completion_tokens"]
+        """Input + output tokens (cached tokens are part of the input's)."""
+        used = self.usage
+        return 0 if used is None else used.total
 
     @property
     def unissued(self) -> int:
@@ -203,9 +203,8 @@ class Ledger:
                 continue
             spend = self.spend[stage]
             if row.get("usage"):
-                usage = json.loads(row["usage"])
-                for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
-                    spend.tokens[key] += int(usage.get(key) or 0)
+                used = tokens_usage(json.loads(row["usage"]))
+                spend.usage = used if spend.usage is None else spend.usage + used
             spend.cost_usd += float(row.get("cost_usd") or 0.0)
             spend.paid_usd += float(row.get("paid_usd") or 0.0)
             spend.replayed += int(row.get("cached_responses") or 0)
@@ -228,10 +227,7 @@ class Ledger:
         cost = sum(float(r.get("cost_usd") or 0.0) for r in rows)
         tokens = 0
         for row in rows:
-            usage = json.loads(row["usage"])
-            tokens += int(usage.get("prompt_tokens") or 0) + int(
-                usage.get("completion_tokens") or 0
-            )
+            tokens += tokens_usage(json.loads(row["usage"])).total
         if self.item_cost is None or self.item_tokens is None:
             self.item_cost, self.item_tokens = cost, float(tokens)
         else:
@@ -262,12 +258,13 @@ class Ledger:
         """What is left of the caps after this ledger's spend (``Caps.left``)."""
         return self.caps.left(self.cost_usd, self.run_tokens, self.calls)
 
-    def carry(self, name: str, tokens: Mapping[str, int], cost_usd: float, calls: int) -> None:
+    def carry(self, name: str, usage: Usage | None, cost_usd: float, calls: int) -> None:
         """Count the spend of a run made apart (a mixed recipe's part, read from its
-        manifest) under ``name``: its tokens by kind, its cost and its calls count
-        against the caps like this run's own."""
+        manifest) under ``name``: its tokens, its cost and its calls count against the
+        caps like this run's own."""
         spend = self.spend[name]
-        spend.tokens.update(tokens)
+        if usage is not None:
+            spend.usage = usage if spend.usage is None else spend.usage + usage
         spend.cost_usd += cost_usd
         spend.calls += calls
 
@@ -357,7 +354,7 @@ class Ledger:
         for s in self.spend.values():
             retries.update(s.retries)
         return {
-            "tokens": dict(self.tokens),
+            "tokens": {} if (used := self.usage) is None else tokens_record(used),
             "cost_usd": round(self.cost_usd, 6),
             "cost_usd_paid_this_run": round(self.paid_usd, 6),
             "responses_from_cache": self.replayed,

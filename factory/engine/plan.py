@@ -29,7 +29,9 @@ from factory.engine.settings import llm_stages, seed_check_settings
 from factory.engine.stages.amplify import Companions
 from factory.engine.stages.base import OK
 from factory.envs.pack import load_domain
+from factory.llm.backends.openai_wire import tokens_record
 from factory.llm.pricing import PriceTable, cost
+from factory.llm.types import Usage
 from factory.recipe import AmplifyRecipe, EnvsimRecipe, MixRecipe, Recipe
 
 __all__ = ["Plan", "StagePlan", "Yield", "expected_yield", "make_plan"]
@@ -42,14 +44,33 @@ class StagePlan:
     stage: str
     model: str
     calls: int
-    prompt_tokens: int
+    input_tokens: int
     cached_tokens: int
-    completion_tokens: int
+    output_tokens: int
     cost_usd: float | None  # None: the model has no price in the recipe
     batch_cost_usd: float | None = None  # the same calls through a batch API (Batch tier)
 
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            input=self.input_tokens, cached_input=self.cached_tokens, output=self.output_tokens
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The plan's JSON (``--dry-run --json``): its token counts under the names of the
+        factory's token record, input, cached, output in this order, as always."""
+        tokens = tokens_record(self.usage)
+        input_key, output_key, cached_key = tokens  # the record's order
+        return {
+            "stage": self.stage,
+            "model": self.model,
+            "calls": self.calls,
+            input_key: tokens[input_key],
+            cached_key: tokens[cached_key],
+            output_key: tokens[output_key],
+            "cost_usd": self.cost_usd,
+            "batch_cost_usd": self.batch_cost_usd,
+        }
 
 
 @dataclass(frozen=True)
@@ -140,8 +161,8 @@ class Plan:
                 cost = "unpriced" if s.cost_usd is None else f"{s.cost_usd:,.2f}"
                 batch = "unpriced" if s.batch_cost_usd is None else f"{s.batch_cost_usd:,.2f}"
                 lines.append(
-                    f"{s.stage:<11}{s.model:<16}{s.calls:>9,}{s.prompt_tokens:>14,}"
-                    f"{s.cached_tokens:>14,}{s.completion_tokens:>16,}{cost:>12}{batch:>12}"
+                    f"{s.stage:<11}{s.model:<16}{s.calls:>9,}{s.input_tokens:>14,}"
+                    f"{s.cached_tokens:>14,}{s.output_tokens:>16,}{cost:>12}{batch:>12}"
                 )
             priced = [s.cost_usd for s in self.stages if s.cost_usd is not None]
             batched = [s.batch_cost_usd for s in self.stages if s.batch_cost_usd is not None]
@@ -159,12 +180,7 @@ def _cost(
     price = table.lookup_batch(model) if batch else table.lookup(model)
     if price is None:
         return None
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-    return cost(usage, price)
+    return cost(Usage(input=prompt, cached_input=min(cached, prompt), output=completion), price)
 
 
 def _stage(
@@ -224,7 +240,7 @@ def make_plan(
     if cfg.prefilter.enabled:
         judge = PromptTemplate(Path(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
         prompts = [judge.render(t) for t in valid]
-        mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
+        mean_prompt = sum(p.input_tokens() for p in prompts) / len(prompts)
         model = llm_stages(cfg)["prefilter"].model
         plan.stages.append(
             _stage(
@@ -253,7 +269,7 @@ def make_plan(
         amplify.render(t, variation=0, **(shown.extra(t.id, i) if shown else {}))
         for i, t in enumerate(valid)
     ]
-    mean_prompt = sum(p.prompt_tokens() for p in prompts) / len(prompts)
+    mean_prompt = sum(p.input_tokens() for p in prompts) / len(prompts)
     # A new trajectory is about as long as its references, written in the output format.
     size = {t.id: estimate_tokens(canonical_json(amplify.output_form(t))) for t in valid}
     mean_completion = sum(size[r] for ids in refs for r in ids) / len(valid)

@@ -69,7 +69,7 @@ class Prompt:
     def text(self) -> str:
         return "".join(m["content"] for m in self.messages)
 
-    def prompt_tokens(self) -> int:
+    def input_tokens(self) -> int:
         return estimate_tokens(self.text)
 
     def static_tokens(self) -> int:

@@ -16,6 +16,7 @@ from factory.engine.ledger import Ledger
 from factory.engine.loop import JobReport
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
+from factory.llm.backends.openai_wire import tokens_usage
 from factory.recipe import Recipe, config_hash
 
 __all__ = [
@@ -92,10 +93,10 @@ class RunResult:
                 lines.append(f"  {stage}: {code} x{n}")
         tokens = self.manifest.get("tokens") or {}
         if tokens:
+            used = tokens_usage(tokens)
             lines.append(
-                f"tokens: prompt {tokens.get('prompt_tokens', 0):,} (cached "
-                f"{tokens.get('cached_tokens', 0):,}), completion "
-                f"{tokens.get('completion_tokens', 0):,}; {cost_line(self.manifest)}"
+                f"tokens: prompt {used.input:,} (cached {used.cached_input:,}), completion "
+                f"{used.output:,}; {cost_line(self.manifest)}"
             )
         retries = self.manifest.get("retries") or {}
         if retries:  # summarised here; one line per retry only at DEBUG

@@ -62,7 +62,7 @@ from factory.errors import ConfigError, short
 from factory.io.segments import _SUFFIX, Location, _Appender, _ArrowStore, _open_store
 
 if TYPE_CHECKING:  # the OpenAI SDK is imported only by code that calls an LLM
-    from factory.llm.client import Completion
+    from factory.llm.types import Completion
 
 __all__ = [
     "CACHE_ID_FILE",
@@ -566,23 +566,41 @@ def _restore(location: Location, args: dict[str, Any]) -> ResponseCache:
 
 
 def completion_to_record(c: Completion) -> dict[str, Any]:
-    """The cache record of a completion (every ``Completion`` field)."""
+    """The cache record of a completion: every ``Completion`` field, its ``usage`` as the
+    five neutral counts (``Usage.as_dict``), its tool calls as mappings."""
     return asdict(c)
+
+
+# The counts of a neutral usage record; a record without any is an older one.
+_NEUTRAL_USAGE = frozenset(("input", "cached_input", "cache_write", "output", "reasoning"))
 
 
 def completion_from_record(record: Mapping[str, Any]) -> Completion:
     """Rebuild a ``Completion`` from ``completion_to_record`` output.
 
+    A record written before the neutral edge (factory up to a771dbb) holds the server's
+    OpenAI ``usage`` block instead of the neutral counts: it is read through the OpenAI
+    backends' own mapping, so a cache filled then is replayed, never paid again.
+
     Raises:
         ValueError: a required field is missing (a record from another format).
     """
-    from factory.llm.client import Completion
+    from factory.llm.types import Completion, ToolCall, Usage
 
     names = {f.name for f in fields(Completion)}
-    missing = sorted(names - set(record) - {"finish_reason"})
+    missing = sorted(names - set(record) - {"finish_reason", "retries", "tool_calls"})
     if missing:
         raise ValueError(f"cache record lacks {missing}")
-    return Completion(**{k: v for k, v in record.items() if k in names})
+    values = {k: v for k, v in record.items() if k in names}
+    raw = values["usage"] or {}
+    if _NEUTRAL_USAGE.intersection(raw):
+        values["usage"] = Usage.from_dict(raw)
+    else:  # an OpenAI usage block (an older record)
+        from factory.llm.backends.openai_wire import usage_from_openai
+
+        values["usage"] = usage_from_openai(raw)
+    values["tool_calls"] = tuple(ToolCall(**call) for call in values.get("tool_calls") or ())
+    return Completion(**values)
 
 
 CACHE_ID_FILE = ".cache-id"

@@ -6,13 +6,15 @@ requests it has in flight with a semaphore, picks an endpoint from the
 retries what is retryable (``retry.call_with_retry``), and returns a
 ``Completion`` with text, reasoning, usage, cost and provenance.
 
-The openai SDK is the transport: one ``AsyncOpenAI`` per endpoint, built once
-through an injectable ``client_factory``, with the SDK's own retries off
-(``max_retries=0``) so there is exactly one retry loop with one policy. A
-transport's exceptions (the SDK's, or the aiohttp transport's) are translated
-into ``factory.errors`` at this boundary by the one error map
-(``factory.llm.errormap``), chained with ``from``; messages carry neither the
-key nor the payload.
+A :class:`Transport` carries one attempt: one per endpoint, built once through the
+``client_factory`` the backend passes (``factory.llm.backends``: the aiohttp one, the
+openai SDK's with its own retries off, the Ray Data gateway's), so there is exactly one
+retry loop with one policy. A transport sends the neutral ``Request`` in its wire
+format and returns the neutral ``Completion`` (``factory.llm.types``): the client never
+reads a wire shape; it prices the ``Usage`` and counts attempts. A transport's
+exceptions are translated into ``factory.errors`` at this boundary by the one error map
+(``factory.llm.errormap``), chained with ``from``; messages carry neither the key nor
+the payload.
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
-import openai
-
+from factory.core.trajectory import IdentityMemo
 from factory.errors import (
     ConfigError,
     LLMError,
     LLMRateLimited,
-    LLMServerError,
     LLMStopped,
     LLMTimeout,
     LLMUnavailable,
@@ -43,8 +43,9 @@ from factory.llm.errormap import translate_error
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
-from factory.llm.pricing import Price, add_usage, cost
+from factory.llm.pricing import Price, cost
 from factory.llm.retry import RetryPolicy, call_with_retry, must_wait
+from factory.llm.types import Completion, Request
 from factory.secrets import PLACEHOLDER_KEY, api_key_from_env
 
 HEDGE_RECHECK_S = 0.25  # how often an attempt past due for a hedge looks for a spare slot
@@ -53,64 +54,45 @@ __all__ = [
     "ClientFactory",
     "Completion",
     "LLMClient",
-    "openai_client_factory",
+    "Transport",
     "resolve_api_key",
     "translate_error",
 ]
 
 log = logging.getLogger(__name__)
 
-# (endpoint, api key, timeout seconds) -> an object with ``chat.completions.create``
-# and ``close()`` (an ``openai.AsyncOpenAI`` in production).
-ClientFactory = Callable[[Endpoint, str, float], Any]
+
+class Transport(Protocol):
+    """One endpoint's wire, as ``LLMClient`` uses it (a backend supplies it)."""
+
+    async def send(
+        self, request: Request, model: str, params: Mapping[str, Any], request_header: str
+    ) -> Completion:
+        """One attempt of ``request`` to ``model`` with sampling ``params`` (the family's
+        mapping of the recipe's options), ``request_header`` as ``X-Client-Request-Id``.
+
+        Returns:
+            The answer with its ``endpoint`` set; cost, attempts, latency and retries are
+            filled in by the client.
+
+        Raises:
+            Exception: a transport failure, translated by ``factory.llm.errormap``.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close its connections (on the loop that opened them)."""
+        ...
+
+
+# (endpoint, api key, timeout seconds) -> the endpoint's transport.
+ClientFactory = Callable[[Endpoint, str, float], Transport]
 
 # Hosts that always need a key, so a missing api_key_env is a recipe error
 # rather than a 401 on the first request.
 _KEYED_HOSTS = ("api.openai.com",)
 
 _MAX_REQUEST_ID = 512  # OpenAI's limit for X-Client-Request-Id
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One successful chat completion.
-
-    Attributes:
-        text: the assistant message content ("" when the model returned none).
-        reasoning: reasoning text when the server returns it (vLLM / SGLang
-            ``reasoning_content`` or ``reasoning``), else ``None``.
-        usage: the response's usage block as a plain dict (empty if absent).
-        cost_usd: priced with the client's ``Price``; 0.0 for unpriced models.
-        endpoint: name of the endpoint that answered.
-        attempts: attempts used, the successful one included.
-        latency_s: wall time of ``complete`` (queueing and backoff included).
-        model: the model id the server reports.
-        system_fingerprint: backend configuration id, when the server sends one.
-        finish_reason: ``stop``, ``length`` ... (``length`` means truncated output).
-        retries: retried attempts of this request by reason (``llm_rate_limited`` ...).
-    """
-
-    text: str
-    reasoning: str | None
-    usage: dict[str, Any]
-    cost_usd: float
-    endpoint: str
-    attempts: int
-    latency_s: float
-    model: str
-    system_fingerprint: str | None
-    finish_reason: str | None = None
-    retries: Mapping[str, int] = field(default_factory=dict)
-
-
-def openai_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> Any:
-    """The production factory: ``AsyncOpenAI`` with SDK retries off."""
-    return openai.AsyncOpenAI(
-        base_url=endpoint.base_url,
-        api_key=api_key,
-        timeout=timeout_s,
-        max_retries=0,
-    )
 
 
 def resolve_api_key(endpoint: Endpoint) -> str:
@@ -170,14 +152,6 @@ def _request_header(request_id: str) -> str:
     return printable[:_MAX_REQUEST_ID]
 
 
-def _text_field(obj: Any, name: str) -> str | None:
-    value = getattr(obj, name, None)
-    if value is None:
-        extra = getattr(obj, "model_extra", None) or {}
-        value = extra.get(name)
-    return value if isinstance(value, str) and value else None
-
-
 class LLMClient:
     """Chat completions against an endpoint pool, for one model and sampling setup.
 
@@ -196,8 +170,8 @@ class LLMClient:
         request_deadline_s: bound on the whole request (attempts, backoff, waiting for
             an open breaker); ``None``: no bound beyond the attempts.
         price: for ``cost_usd``; ``None`` prices the model at 0 (local models).
-        client_factory: builds the SDK client per endpoint (tests pass their own);
-            it must turn SDK retries off.
+        client_factory: builds the transport per endpoint (the backend's; tests pass
+            their own); an SDK's own retries must be off.
         sleep: awaited for backoff delays (tests inject a recorder).
         before_send: called before a hedge goes out; raises when none may (the engine
             passes its driver watch: no request once the driver is gone).
@@ -222,7 +196,7 @@ class LLMClient:
         price: Price | None,
         deadline: AttemptDeadline | None = None,
         request_deadline_s: float | None = None,
-        client_factory: ClientFactory = openai_client_factory,
+        client_factory: ClientFactory,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         before_send: Callable[[], None] | None = None,
         rng: random.Random | None = None,
@@ -235,6 +209,10 @@ class LLMClient:
         if not timeout_s > 0:
             raise ConfigError(f"must be positive, got {timeout_s}", key_path="llm.timeout_s")
         self._request: RequestParams = resolve_params(model, sampling)
+        # A request's own sampling (the stage's: one object for all its requests).
+        self._params_of: IdentityMemo[Mapping[str, Any], dict[str, Any]] = IdentityMemo(
+            lambda options: resolve_params(model, options).params
+        )
         self._pool = pool
         self._model = model
         self._timeout_s = timeout_s
@@ -258,8 +236,8 @@ class LLMClient:
             "calls": 0,
             "failed": 0,
             "attempts": 0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
+            "input_tokens": 0,
+            "output_tokens": 0,
             "cost_usd": 0.0,
         }
         self.retries: Counter[str] = Counter()  # retried attempts by reason, this client
@@ -283,13 +261,12 @@ class LLMClient:
         """Running counts for this client: calls, failures, attempts, tokens, cost."""
         return dict(self._totals)
 
-    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
-        """One chat completion, retried and failed over as needed.
+    async def complete(self, request: Request) -> Completion:
+        """One completion, retried and failed over as needed.
 
         Args:
-            messages: OpenAI chat messages.
-            request_id: correlates logs, the server's access log
-                (``X-Client-Request-Id``) and the row; becomes ``row_id`` on errors.
+            request: what to ask; its ``request_id`` correlates logs, the server's access
+                log (``X-Client-Request-Id``) and the row, and becomes ``row_id`` on errors.
 
         Returns:
             The completion.
@@ -299,18 +276,17 @@ class LLMClient:
                 ``LLMServerError``) or at once (``LLMBadRequest``); ``.attempts``
                 says how many were made.
         """
+        request_id = request.request_id
         started = self._clock()
         give_up_at = started + self._request_deadline_s if self._request_deadline_s else None
         tried: list[str] = []
         sent = 0  # attempts that reached the wire
         retries: Counter[str] = Counter()
         last_error: list[LLMError] = []  # the last attempt's error, for a late give-up
-        kwargs = {
-            "model": self._model,
-            "messages": messages,
-            **self._request.params,
-            "extra_headers": {"X-Client-Request-Id": _request_header(request_id)},
-        }
+        params = (
+            self._request.params if request.sampling is None else self._params_of(request.sampling)
+        )
+        header = _request_header(request_id)
 
         async def attempt(_number: int) -> Completion:
             nonlocal sent
@@ -322,7 +298,9 @@ class LLMClient:
             self._sent += 1
             hedged = retries["hedge"]
             try:
-                completion = await self._attempt(kwargs, tried, give_up_at, retries)
+                completion = await self._attempt(
+                    request, params, header, tried, give_up_at, retries
+                )
             except (LLMRateLimited, LLMTimeout):  # refused or hung: an overload signal
                 self.limiter.on_attempt(overloaded=True)
                 raise
@@ -384,11 +362,13 @@ class LLMClient:
         self.retries.update(retries)
         self._totals["calls"] += 1
         self._totals["attempts"] += sent
-        self._totals["prompt_tokens"] += int(completion.usage.get("prompt_tokens") or 0)
-        self._totals["completion_tokens"] += int(completion.usage.get("completion_tokens") or 0)
-        self._totals["cost_usd"] += completion.cost_usd
+        price = cost(completion.usage, self._price)
+        self._totals["input_tokens"] += completion.usage.input
+        self._totals["output_tokens"] += completion.usage.output
+        self._totals["cost_usd"] += price
         return replace(
             completion,
+            cost_usd=price,
             attempts=sent,
             latency_s=self._clock() - started,
             retries=dict(retries),
@@ -413,7 +393,9 @@ class LLMClient:
 
     async def _attempt(
         self,
-        kwargs: dict[str, Any],
+        request: Request,
+        params: Mapping[str, Any],
+        header: str,
         tried: list[str],
         give_up_at: float | None,
         hedges: Counter[str],
@@ -422,20 +404,15 @@ class LLMClient:
         name = lease.endpoint.name
         sent = self._clock()
         try:
-            response, also_paid = await self._within_deadline(
-                lambda: self._clients[name].chat.completions.create(**kwargs),
+            transport = self._clients[name]
+            completion, also_paid = await self._within_deadline(
+                lambda: transport.send(request, self._model, params, header),
                 name,
                 give_up_at,
                 hedges,
             )
-            completion = self._parse(response, name)
-            for extra in also_paid:  # a hedge whose answer came too: it was paid as well
-                other = self._parse(extra, name)
-                completion = replace(
-                    completion,
-                    cost_usd=completion.cost_usd + other.cost_usd,
-                    usage=add_usage(completion.usage, other.usage),
-                )
+            for other in also_paid:  # a hedge whose answer came too: it was paid as well
+                completion = replace(completion, usage=completion.usage + other.usage)
         except asyncio.CancelledError:
             self._pool.release(lease, None, self._clock() - sent)
             raise
@@ -545,42 +522,10 @@ class LLMClient:
         self._releasing.add(release)  # a task nobody holds may be collected mid-way
         release.add_done_callback(self._releasing.discard)
 
-    def _parse(self, response: Any, endpoint: str) -> Completion:
-        choices = getattr(response, "choices", None)
-        if not choices:
-            raise LLMServerError(f"{endpoint}: response has no choices", endpoint=endpoint)
-        choice = choices[0]
-        message = getattr(choice, "message", None)
-        if message is None:
-            raise LLMServerError(f"{endpoint}: response choice has no message", endpoint=endpoint)
-        usage_obj = getattr(response, "usage", None)
-        usage: dict[str, Any]
-        if usage_obj is None:
-            usage = {}
-        elif isinstance(usage_obj, Mapping):
-            usage = dict(usage_obj)
-        else:
-            usage = usage_obj.model_dump(exclude_none=True)
-        return Completion(
-            text=message.content or "",
-            reasoning=_text_field(message, "reasoning_content")
-            or _text_field(message, "reasoning"),
-            usage=usage,
-            cost_usd=cost(usage, self._price),
-            endpoint=endpoint,
-            attempts=0,  # filled in by complete()
-            latency_s=0.0,
-            model=getattr(response, "model", None) or self._model,
-            system_fingerprint=getattr(response, "system_fingerprint", None),
-            finish_reason=getattr(choice, "finish_reason", None),
-        )
-
     async def aclose(self) -> None:
         """Close every endpoint's HTTP client."""
-        for client in self._clients.values():
-            close = getattr(client, "close", None)
-            if close is not None:
-                await close()
+        for transport in self._clients.values():
+            await transport.close()
 
     async def __aenter__(self) -> LLMClient:
         return self

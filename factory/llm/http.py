@@ -13,9 +13,9 @@ A prompt's static block, its system message, is the same for every call of a sta
 splices it into each body, byte for byte what ``json.dumps`` writes (77 -> 17 us a
 body of 29 KB).
 
-It plugs into ``LLMClient`` through ``client_factory`` and mimics the small part
-of the SDK surface the client reads (``chat.completions.create`` returning an
-object with ``choices[0].message``, ``usage``, ``model``, ``system_fingerprint``).
+It posts a body and returns the decoded JSON answer; the ``aiohttp`` backend
+(``factory.llm.backends.aiohttp``) builds the body from the neutral request and maps
+the answer to the neutral completion (``factory.llm.backends.openai_wire``).
 HTTP failures are raised as foreign errors (``aiohttp.ClientError``,
 ``errormap.HTTPStatusFailure``, ``errormap.UnusableResponse``) and translated by
 ``LLMClient`` with the one error map that also translates the SDK's
@@ -25,7 +25,6 @@ HTTP failures are raised as foreign errors (``aiohttp.ClientError``,
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -33,7 +32,7 @@ import aiohttp
 from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
 from factory.llm.pool import Endpoint
 
-__all__ = ["HTTPChatClient", "aiohttp_client_factory", "encode_body", "namespace"]
+__all__ = ["HTTPChatClient", "encode_body"]
 
 # A system message this long is encoded once and its JSON reused.
 _REUSED_CHARS = 2048
@@ -80,25 +79,6 @@ def encode_body(payload: dict[str, Any]) -> bytes:
     return ("{" + ", ".join(parts) + "}").encode()
 
 
-def namespace(value: Any) -> Any:
-    """JSON -> attribute access for objects (``usage`` stays a dict: the client reads it so)."""
-    if isinstance(value, dict):
-        return SimpleNamespace(
-            **{k: (v if k == "usage" else namespace(v)) for k, v in value.items()}
-        )
-    if isinstance(value, list):
-        return [namespace(v) for v in value]
-    return value
-
-
-class _Completions:
-    def __init__(self, owner: HTTPChatClient):
-        self._owner = owner
-
-    async def create(self, **kwargs: Any) -> Any:
-        return await self._owner.post_chat(kwargs)
-
-
 class HTTPChatClient:
     """One endpoint's HTTP session (built lazily inside the running event loop)."""
 
@@ -108,7 +88,6 @@ class HTTPChatClient:
         self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
-        self.chat = SimpleNamespace(completions=_Completions(self))
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -116,9 +95,15 @@ class HTTPChatClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
-    async def post_chat(self, kwargs: dict[str, Any]) -> Any:
-        headers = {**self._headers, **(kwargs.get("extra_headers") or {})}
-        payload = {k: v for k, v in kwargs.items() if k != "extra_headers"}  # kwargs is reused
+    async def post_chat(self, payload: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """POST ``payload`` (``request_id`` as ``X-Client-Request-Id``); the JSON answer.
+
+        Raises:
+            HTTPStatusFailure: a status of 400 or more (its body and headers kept).
+            UnusableResponse: a body that is not a JSON object.
+            aiohttp.ClientError: the connection failed.
+        """
+        headers = {**self._headers, "X-Client-Request-Id": request_id}
         body = encode_body(payload)
         async with self._get_session().post(self.url, data=body, headers=headers) as resp:
             raw = await resp.read()
@@ -127,16 +112,14 @@ class HTTPChatClient:
         if status >= 400:
             raise HTTPStatusFailure(status, raw, resp_headers)
         try:
-            return namespace(json.loads(raw))
+            answer = json.loads(raw)
         except ValueError as exc:
             # a prefix only: the error map shows 120 characters of it, redacted
             raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc
+        if not isinstance(answer, dict):
+            raise UnusableResponse(raw[:1000].decode("utf-8", "replace"))
+        return answer
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-
-def aiohttp_client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> HTTPChatClient:
-    """``LLMClient`` client factory using this transport."""
-    return HTTPChatClient(endpoint, api_key, timeout_s)

@@ -1,12 +1,11 @@
-"""USD cost of a completion from its ``usage`` block.
+"""USD cost of a completion from its token ``Usage``.
 
-OpenAI reports ``prompt_tokens`` *including* the cached ones
-(``prompt_tokens_details.cached_tokens`` is a subset, billed at the cached
-rate) and ``completion_tokens`` *including* the hidden reasoning tokens
-(``completion_tokens_details.reasoning_tokens``, billed as output). Some
-OpenAI-compatible servers report reasoning tokens outside ``completion_tokens``;
-that case is recognised from ``total_tokens`` so reasoning is billed as output
-exactly once either way.
+A backend maps its provider's usage block to ``factory.llm.types.Usage`` (input with its
+cached and cache-written parts, output with its reasoning part); this module prices
+that, whatever the provider: uncached input at the input rate, cache reads at the cached
+rate, cache writes at the cache-write rate (the input rate unless a price says
+otherwise: OpenAI-compatible servers never report a cache write), output (reasoning
+included) at the output rate.
 
 Prices change; the built-in table is a convenience marked with the date it was
 read, and a recipe's ``prices`` section overrides or extends it. Models not in
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from factory.errors import ConfigError, short
+from factory.llm.types import Usage
 
 __all__ = [
     "BATCH_PRICES_SOURCE",
@@ -31,9 +31,7 @@ __all__ = [
     "PRICES_SOURCE",
     "Price",
     "PriceTable",
-    "add_usage",
     "cost",
-    "token_counts",
 ]
 
 _MTOK = 1_000_000
@@ -41,20 +39,35 @@ _MTOK = 1_000_000
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens. ``cached_input_per_mtok`` applies to cache hits."""
+    """USD per million tokens. ``cached_input_per_mtok`` applies to cache reads,
+    ``cache_write_per_mtok`` to tokens written to a provider's prompt cache (``None``:
+    the input price, what a provider that reports no cache write means)."""
 
     input_per_mtok: float
     cached_input_per_mtok: float
     output_per_mtok: float
+    cache_write_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_per_mtok", "cached_input_per_mtok", "output_per_mtok"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(
-                    f"expected a non-negative number, got {short(value, 40)}",
-                    key_path=name,
-                )
+            _check(name, getattr(self, name))
+        if self.cache_write_per_mtok is not None:
+            _check("cache_write_per_mtok", self.cache_write_per_mtok)
+
+    def scaled(self, share: float) -> Price:
+        """Every rate times ``share`` (a batch API's discount)."""
+        write = self.cache_write_per_mtok
+        return Price(
+            self.input_per_mtok * share,
+            self.cached_input_per_mtok * share,
+            self.output_per_mtok * share,
+            None if write is None else write * share,
+        )
+
+
+def _check(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"expected a non-negative number, got {short(value, 40)}", key_path=name)
 
 
 # Source: OpenAI's public API pricing page (https://openai.com/api/pricing/, Standard
@@ -85,11 +98,7 @@ DEFAULT_PRICES: dict[str, Price] = {
 BATCH_PRICES_SOURCE = "https://openai.com/api/pricing/ (Batch tier)"
 _BATCH_SHARE = 0.5
 DEFAULT_BATCH_PRICES: dict[str, Price] = {
-    model: Price(
-        p.input_per_mtok * _BATCH_SHARE,
-        p.cached_input_per_mtok * _BATCH_SHARE,
-        p.output_per_mtok * _BATCH_SHARE,
-    )
+    model: p.scaled(_BATCH_SHARE)
     for model, p in DEFAULT_PRICES.items()
     if model in ("gpt-5", "gpt-5-mini", "gpt-5-nano", "o3", "o4-mini", "gpt-4.1", "gpt-4o")
 }
@@ -98,72 +107,24 @@ DEFAULT_BATCH_PRICES: dict[str, Price] = {
 _SNAPSHOT_RE = re.compile(r"-\d{4}-\d{2}-\d{2}$")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _int(value: Any) -> int:
-    return int(value) if _is_number(value) else 0
-
-
-def token_counts(usage: Mapping[str, Any] | Any) -> tuple[int, int, int]:
-    """Split a usage block into (uncached prompt, cached prompt, output) tokens.
+def cost(usage: Usage | None, price: Price | None) -> float:
+    """USD cost of one completion (or of several: usages add).
 
     Args:
-        usage: a chat-completions ``usage`` mapping (or an SDK object with ``model_dump``).
-
-    Returns:
-        Billable token counts; output includes reasoning tokens exactly once.
-    """
-    if usage is None:
-        return 0, 0, 0
-    if not isinstance(usage, Mapping):
-        usage = usage.model_dump()
-    prompt = _int(usage.get("prompt_tokens"))
-    completion = _int(usage.get("completion_tokens"))
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
-    cached = min(_int(prompt_details.get("cached_tokens")), prompt)
-    reasoning = _int(completion_details.get("reasoning_tokens"))
-    total = usage.get("total_tokens")
-    if reasoning and _int(total) == prompt + completion + reasoning:
-        completion += reasoning  # reported beside completion_tokens, not inside it
-    return prompt - cached, cached, completion
-
-
-def add_usage(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """Two usage blocks as one: numbers added, nested blocks (``prompt_tokens_details``
-    ...) added key by key, anything else taken from ``a``. For two paid answers to
-    one request (a hedge that answered too): both count in tokens as in cost."""
-    out: dict[str, Any] = dict(a)
-    for key, value in b.items():
-        mine = out.get(key)
-        if isinstance(value, Mapping) and (mine is None or isinstance(mine, Mapping)):
-            out[key] = add_usage(mine or {}, value)
-        elif _is_number(value) and (mine is None or _is_number(mine)):
-            out[key] = (mine or 0) + value
-        else:
-            out.setdefault(key, value)
-    return out
-
-
-def cost(usage: Mapping[str, Any] | Any, price: Price | None) -> float:
-    """USD cost of one completion.
-
-    Args:
-        usage: the response's ``usage`` block (mapping or SDK object); ``None`` costs 0.
+        usage: the tokens it used; ``None`` costs 0.
         price: the model's price, or ``None`` for an unpriced (local) model.
 
     Returns:
         Cost in USD; 0.0 when ``price`` is ``None``.
     """
-    if price is None:
+    if price is None or usage is None:
         return 0.0
-    uncached, cached, output = token_counts(usage)
+    write = price.cache_write_per_mtok
     return (
-        uncached * price.input_per_mtok
-        + cached * price.cached_input_per_mtok
-        + output * price.output_per_mtok
+        usage.uncached_input * price.input_per_mtok
+        + usage.cached_input * price.cached_input_per_mtok
+        + usage.cache_write * (price.input_per_mtok if write is None else write)
+        + usage.output * price.output_per_mtok
     ) / _MTOK
 
 
@@ -176,6 +137,7 @@ def _price_from(model: str, spec: Any) -> Price:
         "input_per_mtok",
         "cached_input_per_mtok",
         "output_per_mtok",
+        "cache_write_per_mtok",
         "batch_share",
     }
     if unknown:
@@ -187,7 +149,12 @@ def _price_from(model: str, spec: Any) -> Price:
         raise ConfigError(f"missing {exc.args[0]}", key_path=f"prices.{model}") from exc
     cached = spec.get("cached_input_per_mtok")
     try:
-        return Price(input_price, input_price if cached is None else cached, output_price)
+        return Price(
+            input_price,
+            input_price if cached is None else cached,
+            output_price,
+            spec.get("cache_write_per_mtok"),
+        )
     except ConfigError as exc:
         raise ConfigError(
             str(exc).split(": ", 1)[-1], key_path=f"prices.{model}.{exc.key_path}"
@@ -214,11 +181,7 @@ class PriceTable:
         for model, share in shares.items():
             online = self._prices.get(model)
             if online is not None:
-                self._batch[model] = Price(
-                    online.input_per_mtok * share,
-                    online.cached_input_per_mtok * share,
-                    online.output_per_mtok * share,
-                )
+                self._batch[model] = online.scaled(share)
 
     @classmethod
     def from_config(cls, prices: Mapping[str, Any] | None, *, defaults: bool = True) -> PriceTable:
@@ -227,7 +190,8 @@ class PriceTable:
         Args:
             prices: model id -> mapping (or pydantic model) with ``input_per_mtok``,
                 ``output_per_mtok`` and optional ``cached_input_per_mtok`` (default:
-                the input price, i.e. no cache discount).
+                the input price, i.e. no cache discount) and ``cache_write_per_mtok``
+                (default: the input price).
             defaults: start from ``DEFAULT_PRICES`` (as of ``PRICES_AS_OF``).
 
         Raises:
@@ -269,11 +233,13 @@ class PriceTable:
 
     def as_dict(self) -> dict[str, dict[str, float]]:
         """Plain mapping for the run manifest (so a run records the prices it used)."""
-        return {
-            model: {
+        out: dict[str, dict[str, float]] = {}
+        for model, p in sorted(self._prices.items()):
+            out[model] = {
                 "input_per_mtok": p.input_per_mtok,
                 "cached_input_per_mtok": p.cached_input_per_mtok,
                 "output_per_mtok": p.output_per_mtok,
             }
-            for model, p in sorted(self._prices.items())
-        }
+            if p.cache_write_per_mtok is not None:  # only where a price gives one
+                out[model]["cache_write_per_mtok"] = p.cache_write_per_mtok
+        return out

@@ -104,6 +104,12 @@ class PriceConfig(Section):
     cached_input_per_mtok: float | None = Field(
         None, ge=0, description="USD per million cached prompt tokens (default: input price)."
     )
+    cache_write_per_mtok: float | None = Field(
+        None,
+        ge=0,
+        description="USD per million prompt tokens written to a provider's prompt cache "
+        "(default: input price; OpenAI-compatible servers report no cache writes).",
+    )
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
     batch_share: float | None = Field(
         None,

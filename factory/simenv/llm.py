@@ -93,7 +93,7 @@ class RoleLLM:
                 cached = completion_from_record(record)
                 self.stats.cache_hits += 1
                 # paid by an earlier run: never refused, but counted against the caps
-                tokens = int(cached.usage.get("total_tokens") or 0)
+                tokens = cached.usage.total
                 await _ask(self.budget, "finish", cached.cost_usd, tokens)
                 return cached.text
         if self.backend is None:
@@ -101,7 +101,7 @@ class RoleLLM:
         if not await _ask(self.budget, "try_start"):
             raise BudgetExceeded("budget", f"the simulated environment's budget is spent ({rid})")
         async with self._slots:
-            results = [r async for r in self.backend.run([LLMRequest(rid, messages)])]
+            results = [r async for r in self.backend.run([LLMRequest.of(rid, messages)])]
         result = results[0]
         if result.error is not None:
             self.stats.failed += 1
@@ -110,7 +110,7 @@ class RoleLLM:
         assert completion is not None
         if self.cache is not None:  # stored before anything else can fail
             self.cache.put(rid, completion_to_record(completion))
-        tokens = int(completion.usage.get("total_tokens") or 0)
+        tokens = completion.usage.total
         self.stats.calls += 1
         self.stats.tokens += tokens
         self.stats.cost_usd += completion.cost_usd

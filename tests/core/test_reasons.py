@@ -79,15 +79,15 @@ class ScriptedClient(OnlineBackend):
     def __init__(self, outcome: Any):
         self.outcome = outcome
 
-    async def complete(self, messages, *, request_id):
-        from factory.llm import Completion
+    async def complete(self, request):
+        from factory.llm import Completion, Usage
 
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return Completion(
             text=self.outcome,
             reasoning=None,
-            usage={},
+            usage=Usage(),
             cost_usd=0.0,
             endpoint="fake",
             attempts=1,

@@ -8,6 +8,7 @@ import pytest
 
 from factory.engine.ledger import Caps, Ledger
 from factory.engine.work import ItemResult
+from factory.llm.types import Usage
 
 
 def _row(stage: str, *, cost: float = 0.0, cached: bool = False, status: str = "ok", **kw):
@@ -186,10 +187,10 @@ def test_a_ledger_carries_spend_made_apart_against_its_caps_and_says_what_is_lef
     """A mixed recipe's run-wide ledger: each part's spend (from its manifest) counts
     against the caps; what is left is the next part's caps, at least a sliver."""
     ledger = Ledger(Caps(max_cost_usd=1.0, max_tokens=1000, max_calls=10))
-    ledger.carry("airline", {"prompt_tokens": 300, "completion_tokens": 100}, 0.25, 4)
+    ledger.carry("airline", Usage(input=300, output=100), 0.25, 4)
     assert ledger.left() == Caps(max_cost_usd=0.75, max_tokens=600, max_calls=6)
-    assert ledger.exhausted() is None and ledger.tokens["prompt_tokens"] == 300
-    ledger.carry("retail", {"prompt_tokens": 500, "completion_tokens": 200}, 0.5, 6)
+    assert ledger.exhausted() is None and ledger.usage == Usage(input=300, output=100)
+    ledger.carry("retail", Usage(input=500, output=200), 0.5, 6)
     assert ledger.exhausted() == "max_tokens"  # 0.75 of 1.0 USD, but 1100 of 1000 tokens
     left = ledger.left()
     assert left.max_tokens == 1 and left.max_calls == 1

@@ -26,7 +26,7 @@ def test_a_composition_plan_counts_the_companions_in_prompts_and_answers() -> No
         Trajectory.from_json(check.run_one(row)["record"]) for row in seed_rows_local(cfg.seeds)
     ]
     one = sum(estimate_tokens(canonical_json(template.output_form(t))) for t in seeds) / 32
-    assert 1.8 * one < amplify.completion_tokens / amplify.calls < 3.2 * one
+    assert 1.8 * one < amplify.output_tokens / amplify.calls < 3.2 * one
 
 
 def test_the_plan_names_where_its_yield_comes_from() -> None:

@@ -34,7 +34,7 @@ def test_the_grammar_and_policy_are_the_static_prefix_of_every_call() -> None:
     assert len(systems) == 1  # byte-identical: provider and vLLM prefix caches reuse it
     static = systems.pop()
     assert domain.grammar.to_json() in static and domain.policy.strip() in static
-    assert all(p.static_tokens() > p.prompt_tokens() / 2 for p in prompts)
+    assert all(p.static_tokens() > p.input_tokens() / 2 for p in prompts)
     # The pack's own variation directions, not the customer-service ones.
     first = prompts[0].messages[1]["content"]
     assert domain.grammar.directions[0] in first and DIRECTIONS[0] not in first

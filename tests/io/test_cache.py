@@ -32,7 +32,7 @@ from factory.io.cache import (
     decode_line,
     encode_line,
 )
-from factory.llm.client import Completion
+from factory.llm.types import Completion, Usage
 from tests.conftest import ROOT as REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -444,7 +444,7 @@ def test_bad_settings_are_config_errors(tmp_path, location: str, kw, key_path: s
 
 def test_completion_record_round_trip(tmp_path: Path, opened) -> None:
     c = Completion(
-        text="hi", reasoning=None, usage={"prompt_tokens": 3}, cost_usd=0.5, endpoint="e0",
+        text="hi", reasoning=None, usage=Usage(input=3), cost_usd=0.5, endpoint="e0",
         attempts=2, latency_s=1.5, model="m", system_fingerprint="fp", finish_reason="stop",
     )  # fmt: skip
     cache = opened(tmp_path)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from factory.errors import ConfigError, LLMBadRequest, LLMServerError, LLMUnavailable
-from factory.llm import Completion
+from factory.llm import Completion, Message, Usage
 from factory.llm.backends import (
     Backend,
     BackendOptions,
@@ -42,7 +42,7 @@ def completion(text: str, cost: float = 0.25) -> Completion:
     return Completion(
         text=text,
         reasoning=None,
-        usage={"prompt_tokens": 40, "completion_tokens": 8},
+        usage=Usage(input=40, output=8),
         cost_usd=cost,
         endpoint="echo",
         attempts=1,
@@ -221,7 +221,11 @@ def test_render_is_a_pure_function_of_its_inputs() -> None:
     a = render("amplify", "gpt-5", {"seed": 1}, msgs, seed="s1", variation=0)
     assert a == render("amplify", "gpt-5", {"seed": 1}, msgs, seed="s1", variation=0)
     assert a.request_id == request_id("amplify", "gpt-5", {"seed": 1}, msgs, seed="s1", variation=0)
-    assert a.messages == msgs and a.request_id.startswith("amplify-")
+    assert a.messages == (Message("user", "hi"),) and a.request_id.startswith("amplify-")
+    assert a.static_prefix == 0 and a.sampling == {"seed": 1}
+    system = [{"role": "system", "content": "policy"}, *msgs]  # the stage's static block
+    marked = render("amplify", "gpt-5", {"seed": 1}, system, seed="s1", variation=0)
+    assert marked.static == (Message("system", "policy"),)
     others = {
         render("amplify", "gpt-5", {"seed": 1}, msgs, seed="s1", variation=1).request_id,
         render("amplify", "o4-mini", {"seed": 1}, msgs, seed="s1", variation=0).request_id,

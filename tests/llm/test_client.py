@@ -34,11 +34,14 @@ from factory.errors import (
     LLMServerError,
     LLMTimeout,
 )
-from factory.llm.client import Completion, LLMClient, openai_client_factory
-from factory.llm.http import aiohttp_client_factory
+from factory.llm.backends.aiohttp import aiohttp_transport
+from factory.llm.backends.openai import SDKTransport, sdk_transport
+from factory.llm.backends.openai_wire import usage_from_openai
+from factory.llm.client import LLMClient
 from factory.llm.pool import CircuitState, Endpoint, EndpointPool
 from factory.llm.pricing import Price, cost
 from factory.llm.retry import RetryPolicy
+from factory.llm.types import Completion, Request, Usage
 
 KEY = "sk-test-SECRETSECRETSECRET0123"
 KEY_ENV = "FACTORY_TEST_LLM_KEY"
@@ -197,7 +200,7 @@ class Recorder:
         self.delays.append(delay)
 
 
-TRANSPORTS = {"openai": openai_client_factory, "aiohttp": aiohttp_client_factory}
+TRANSPORTS = {"openai": sdk_transport, "aiohttp": aiohttp_transport}
 _transport: list[str] = ["openai"]
 
 
@@ -240,7 +243,7 @@ def make_client(
 def run(client: LLMClient, request_id: str = "row-1") -> Completion:
     async def go() -> Completion:
         async with client:
-            return await client.complete(MESSAGES, request_id=request_id)
+            return await client.complete(Request.of(request_id, MESSAGES))
 
     return asyncio.run(go())
 
@@ -263,8 +266,8 @@ def test_completion_fields_and_request_shape(server: ScriptedServer) -> None:
     result = run(make_client([live(server)]), request_id="row-42")
     assert result.text == "answer"
     assert result.reasoning == "thinking"
-    assert result.usage["prompt_tokens_details"] == {"cached_tokens": 1000}
-    assert result.cost_usd == pytest.approx(cost(USAGE, PRICE))
+    assert result.usage == Usage(input=1200, cached_input=1000, output=300, reasoning=100)
+    assert result.cost_usd == pytest.approx(cost(usage_from_openai(USAGE), PRICE))
     assert result.cost_usd == pytest.approx((200 * 2.0 + 1000 * 0.5 + 300 * 8.0) / 1e6)
     assert (result.endpoint, result.attempts, result.model) == ("live", 1, "served-model")
     assert result.system_fingerprint == "fp_test" and result.finish_reason == "stop"
@@ -316,14 +319,14 @@ def test_totals_accumulate(server: ScriptedServer) -> None:
 
     async def go() -> None:
         async with client:
-            await client.complete(MESSAGES, request_id="a")
-            await client.complete(MESSAGES, request_id="b")
+            await client.complete(Request.of("a", MESSAGES))
+            await client.complete(Request.of("b", MESSAGES))
 
     asyncio.run(go())
     totals = client.totals()
     assert totals["calls"] == 2 and totals["failed"] == 0 and totals["attempts"] == 3
-    assert totals["prompt_tokens"] == 2400
-    assert totals["cost_usd"] == pytest.approx(2 * cost(USAGE, PRICE))
+    assert totals["input_tokens"] == 2400
+    assert totals["cost_usd"] == pytest.approx(2 * cost(usage_from_openai(USAGE), PRICE))
 
 
 # --------------------------------------------------------------------------- retries
@@ -452,18 +455,15 @@ class FakeSDK:
 
 
 def test_injected_client_with_plain_objects() -> None:
-    response = SimpleNamespace(
-        choices=[
-            SimpleNamespace(
-                message=SimpleNamespace(content=None, reasoning="r"), finish_reason="length"
-            )
-        ],
-        usage={"prompt_tokens": 10, "completion_tokens": 20},
-        model="m",
-    )
+    response = {
+        "choices": [{"message": {"content": None, "reasoning": "r"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 20},
+        "model": "m",
+    }
     fake = FakeSDK(response)
     client = make_client(
-        [Endpoint("http://10.1.2.3:8000/v1", name="gpu")], client_factory=lambda *a: fake
+        [Endpoint("http://10.1.2.3:8000/v1", name="gpu")],
+        client_factory=lambda e, *a: SDKTransport(e, fake),
     )
     result = run(client, request_id="r\u00e9sum\u00e9")
     assert (result.text, result.reasoning, result.finish_reason) == ("", "r", "length")
@@ -477,7 +477,7 @@ def test_programming_errors_propagate_and_free_the_endpoint() -> None:
     fake = FakeSDK(KeyError("bug in a fake"))
     client = make_client(
         [Endpoint("http://10.1.2.3:8000/v1", name="gpu")],
-        client_factory=lambda *a: fake,
+        client_factory=lambda e, *a: SDKTransport(e, fake),
         retry=FAST_RETRY,
     )
     with pytest.raises(KeyError):
@@ -497,7 +497,7 @@ def test_failover_from_a_dead_endpoint(server: ScriptedServer) -> None:
 
     async def go() -> list[Completion]:
         async with client:
-            return [await client.complete(MESSAGES, request_id=f"r{i}") for i in range(5)]
+            return [await client.complete(Request.of(f"r{i}", MESSAGES)) for i in range(5)]
 
     results = asyncio.run(go())
     assert all(r.endpoint == "live" for r in results)
@@ -517,7 +517,7 @@ def test_concurrency_bound_is_respected(server: ScriptedServer) -> None:
     async def go() -> list[Completion]:
         async with client:
             return await asyncio.gather(
-                *(client.complete(MESSAGES, request_id=f"r{i}") for i in range(9))
+                *(client.complete(Request.of(f"r{i}", MESSAGES)) for i in range(9))
             )
 
     results = asyncio.run(go())
@@ -529,8 +529,8 @@ def test_clients_built_once_per_endpoint_without_sdk_retries(server: ScriptedSer
     built: list[tuple[str, str, float, Any]] = []
 
     def factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> Any:
-        client = openai_client_factory(endpoint, api_key, timeout_s)
-        built.append((endpoint.name, api_key, timeout_s, client))
+        client = sdk_transport(endpoint, api_key, timeout_s)
+        built.append((endpoint.name, api_key, timeout_s, client.sdk))
         return client
 
     other = Endpoint(server.base_url.replace("127.0.0.1", "localhost"), name="other")
@@ -540,7 +540,7 @@ def test_clients_built_once_per_endpoint_without_sdk_retries(server: ScriptedSer
     async def go() -> None:
         async with client:
             for i in range(3):
-                await client.complete(MESSAGES, request_id=f"r{i}")
+                await client.complete(Request.of(f"r{i}", MESSAGES))
 
     asyncio.run(go())
     assert [(n, k, t) for n, k, t, _ in built] == [("live", KEY, 7.0), ("other", "EMPTY", 7.0)]
@@ -568,7 +568,7 @@ def test_each_endpoint_gets_only_its_own_key(
     async def go() -> list[str]:
         async with client:
             return [
-                (await client.complete(MESSAGES, request_id=f"r{i}")).endpoint for i in range(3)
+                (await client.complete(Request.of(f"r{i}", MESSAGES))).endpoint for i in range(3)
             ]
 
     assert asyncio.run(go()) == ["keyed", "other", "bare"]

@@ -17,10 +17,12 @@ import pytest
 
 from factory import errors
 from factory.errors import LLMRateLimited, LLMServerError, LLMTimeout
-from factory.llm.client import Completion, LLMClient
+from factory.llm.backends.openai import SDKTransport
+from factory.llm.client import LLMClient
 from factory.llm.limiter import AdaptiveLimiter
 from factory.llm.pool import CircuitState, Endpoint, EndpointPool
 from factory.llm.retry import RetryPolicy
+from factory.llm.types import Completion, Request, Usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 HANG = "hang"
@@ -47,12 +49,11 @@ class Sleep:
 
 
 def response(text: str = "ok") -> Any:
-    message = SimpleNamespace(content=text)
-    return SimpleNamespace(
-        choices=[SimpleNamespace(message=message, finish_reason="stop")],
-        usage={"prompt_tokens": 3, "completion_tokens": 1},
-        model="m",
-    )
+    return {
+        "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        "model": "m",
+    }
 
 
 class ScriptedSDK:
@@ -120,7 +121,7 @@ def client(
         retry=RetryPolicy(max_attempts=attempts, base_delay=0.5, max_delay=2.0, jitter=False),
         price=None,
         **extra,
-        client_factory=lambda *a: sdk,
+        client_factory=lambda e, *a: SDKTransport(e, sdk),
         sleep=sleep or Sleep(clock),
         clock=clock,
     )
@@ -128,7 +129,7 @@ def client(
 
 def complete(c: LLMClient, rid: str = "r1", guard_s: float = 60.0) -> Completion:
     async def go() -> Completion:
-        return await asyncio.wait_for(c.complete(MESSAGES, request_id=rid), guard_s)
+        return await asyncio.wait_for(c.complete(Request.of(rid, MESSAGES)), guard_s)
 
     return asyncio.run(go())
 
@@ -208,7 +209,7 @@ def test_an_attempt_sent_cold_is_cut_once_the_deadline_is_known() -> None:
     c = client(hung, deadline=deadline)
 
     async def go() -> Completion:
-        task = asyncio.ensure_future(c.complete(MESSAGES, request_id="cold"))
+        task = asyncio.ensure_future(c.complete(Request.of("cold", MESSAGES)))
         await asyncio.sleep(0.05)
         assert not task.done()
         for _ in range(10):  # answers of other requests arrive
@@ -277,13 +278,13 @@ def test_unavailable_rows_are_unissued_not_failed() -> None:
         requires = ()
 
         async def aprocess(self, row: dict[str, Any]) -> dict[str, Any]:
-            await self.call(row, LLMRequest("rid", MESSAGES))
+            await self.call(row, LLMRequest.of("rid", MESSAGES))
             return row
 
     class Down(OnlineBackend):
         model = "m"
 
-        async def complete(self, messages: Any, *, request_id: str) -> Completion:
+        async def complete(self, request: Any) -> Completion:
             err = errors.LLMUnavailable("no endpoint")
             err.attempts = 0  # type: ignore[attr-defined]
             raise err
@@ -432,7 +433,7 @@ def test_an_attempt_past_the_p99_is_hedged_and_the_first_answer_wins() -> None:
     c = client(sdk, deadline=warmed(floor_s=30.0, hedge_share=1.0))
 
     async def go() -> tuple[Completion, int]:
-        result = await asyncio.wait_for(c.complete(MESSAGES, request_id="r1"), 20.0)
+        result = await asyncio.wait_for(c.complete(Request.of("r1", MESSAGES)), 20.0)
         await asyncio.sleep(0.01)  # the hedge's slot is given back by a callback
         return result, c.limiter.in_flight
 
@@ -461,25 +462,20 @@ def test_a_hedge_that_answers_with_the_first_attempt_is_paid_and_counted_in_toke
     result = complete(c)
     assert sdk.calls == 2 and result.retries == {"hedge": 1}
     assert result.text == "first"
-    assert result.usage == {"prompt_tokens": 6, "completion_tokens": 2}
+    assert result.usage == Usage(input=6, output=2)
 
 
-def test_usage_blocks_add_up_key_by_key() -> None:
-    from factory.llm.pricing import add_usage, token_counts
+def test_usages_of_two_answers_add_up() -> None:
+    from factory.llm.backends.openai_wire import usage_from_openai
 
     a = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
          "prompt_tokens_details": {"cached_tokens": 8}}  # fmt: skip
     b = {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
          "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": None},
          "completion_tokens_details": {"reasoning_tokens": 2}, "model": "x"}  # fmt: skip
-    both = add_usage(a, b)
-    assert both == {
-        "prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30,
-        "prompt_tokens_details": {"cached_tokens": 8, "audio_tokens": None},
-        "completion_tokens_details": {"reasoning_tokens": 2}, "model": "x",
-    }  # fmt: skip
-    assert token_counts(both) == (12, 8, 10)
-    assert a["prompt_tokens_details"] == {"cached_tokens": 8}  # the inputs are not changed
+    both = usage_from_openai(a) + usage_from_openai(b)
+    assert both == Usage(input=20, cached_input=8, output=10, reasoning=2)
+    assert (both.uncached_input, both.cached_input, both.output) == (12, 8, 10)
 
 
 def test_without_spare_capacity_a_slow_attempt_waits_for_its_deadline() -> None:

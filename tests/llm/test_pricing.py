@@ -6,16 +6,21 @@ import pytest
 from openai.types import CompletionUsage
 
 from factory.errors import ConfigError
+from factory.llm.backends.openai_wire import usage_from_openai
 from factory.llm.pricing import (
     DEFAULT_PRICES,
     PRICES_AS_OF,
     Price,
     PriceTable,
     cost,
-    token_counts,
 )
+from factory.llm.types import Usage
 
 PRICE = Price(input_per_mtok=2.0, cached_input_per_mtok=0.5, output_per_mtok=8.0)
+
+
+def split(usage: Usage) -> tuple[int, int, int]:
+    return usage.uncached_input, usage.cached_input, usage.output
 
 
 def test_cached_prompt_tokens_are_billed_at_the_cached_rate() -> None:
@@ -26,18 +31,20 @@ def test_cached_prompt_tokens_are_billed_at_the_cached_rate() -> None:
         "prompt_tokens_details": {"cached_tokens": 400_000},
     }
     # 600k fresh * $2 + 400k cached * $0.5 + 100k out * $8
-    assert cost(usage, PRICE) == pytest.approx(1.2 + 0.2 + 0.8)
+    assert cost(usage_from_openai(usage), PRICE) == pytest.approx(1.2 + 0.2 + 0.8)
 
 
 def test_reasoning_tokens_inside_completion_are_billed_once() -> None:
     # OpenAI: reasoning_tokens is a subset of completion_tokens.
-    usage = {
-        "prompt_tokens": 1000,
-        "completion_tokens": 3000,
-        "total_tokens": 4000,
-        "completion_tokens_details": {"reasoning_tokens": 2500},
-    }
-    assert token_counts(usage) == (1000, 0, 3000)
+    usage = usage_from_openai(
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 3000,
+            "total_tokens": 4000,
+            "completion_tokens_details": {"reasoning_tokens": 2500},
+        }
+    )
+    assert split(usage) == (1000, 0, 3000) and usage.reasoning == 2500
     assert cost(usage, PRICE) == pytest.approx((1000 * 2 + 3000 * 8) / 1e6)
 
 
@@ -48,10 +55,10 @@ def test_reasoning_tokens_reported_beside_completion_are_billed_as_output() -> N
         "total_tokens": 3500,
         "completion_tokens_details": {"reasoning_tokens": 2000},
     }
-    assert token_counts(usage) == (1000, 0, 2500)
+    assert split(usage_from_openai(usage)) == (1000, 0, 2500)
 
 
-def test_sdk_usage_object_is_accepted() -> None:
+def test_sdk_usage_object_maps_like_its_json() -> None:
     usage = CompletionUsage.model_validate(
         {
             "prompt_tokens": 10,
@@ -60,7 +67,7 @@ def test_sdk_usage_object_is_accepted() -> None:
             "prompt_tokens_details": {"cached_tokens": 4},
         }
     )
-    assert token_counts(usage) == (6, 4, 5)
+    assert split(usage_from_openai(usage.model_dump())) == (6, 4, 5)
 
 
 @pytest.mark.parametrize(
@@ -68,18 +75,43 @@ def test_sdk_usage_object_is_accepted() -> None:
     [None, {}, {"prompt_tokens": None, "completion_tokens": None}, {"prompt_tokens_details": None}],
 )
 def test_missing_usage_costs_nothing(usage: Any) -> None:
-    assert cost(usage, PRICE) == 0.0
+    assert usage_from_openai(usage) == Usage()
+    assert cost(usage_from_openai(usage), PRICE) == 0.0
+    assert cost(None, PRICE) == 0.0
 
 
 def test_cached_count_never_exceeds_prompt() -> None:
     usage = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}
-    assert token_counts(usage) == (0, 10, 0)
+    assert split(usage_from_openai(usage)) == (0, 10, 0)
 
 
 def test_unpriced_model_costs_zero() -> None:
     table = PriceTable.from_config({})
     assert table.lookup("Qwen/Qwen3-8B") is None
-    assert cost({"prompt_tokens": 10**6, "completion_tokens": 10**6}, None) == 0.0
+    assert cost(Usage(input=10**6, output=10**6), None) == 0.0
+
+
+def test_cache_writes_cost_the_input_price_unless_priced_apart() -> None:
+    usage = Usage(input=1_000_000, cached_input=200_000, cache_write=300_000, output=0)
+    # 500k fresh * $2 + 200k read * $0.5 + 300k written * $2 (no write price: the input's)
+    assert cost(usage, PRICE) == pytest.approx(1.0 + 0.1 + 0.6)
+    table = PriceTable.from_config(
+        {"claude": {"input_per_mtok": 2.0, "cached_input_per_mtok": 0.2,
+                    "cache_write_per_mtok": 2.5, "output_per_mtok": 8.0, "batch_share": 0.5}}
+    )  # fmt: skip
+    price = table.lookup("claude")
+    assert price is not None and price.cache_write_per_mtok == 2.5
+    assert cost(usage, price) == pytest.approx(1.0 + 0.04 + 0.75)
+    batch = table.lookup_batch("claude")
+    assert batch is not None and batch.cache_write_per_mtok == 1.25
+    assert table.as_dict()["claude"]["cache_write_per_mtok"] == 2.5
+    assert "cache_write_per_mtok" not in table.as_dict()["gpt-5"]  # the manifest as before
+
+
+def test_usages_add_field_by_field() -> None:
+    a = Usage(input=10, cached_input=4, cache_write=1, output=3, reasoning=2)
+    assert a + a == Usage(20, 8, 2, 6, 4)
+    assert (a + a).total == 26
 
 
 def test_defaults_cover_the_documented_models_and_carry_a_date() -> None:

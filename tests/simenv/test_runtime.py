@@ -448,16 +448,16 @@ def test_role_llm_stores_before_parsing_and_obeys_the_budget(tmp_path: Path) -> 
     from factory.errors import BudgetExceeded
     from factory.io.cache import ResponseCache
     from factory.llm.backends import OnlineBackend
-    from factory.llm.client import Completion
+    from factory.llm.types import Completion, Usage
     from factory.simenv.llm import RoleLLM
 
     class Fake(OnlineBackend):
         model = "m"
         sent = 0
 
-        async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+        async def complete(self, request: Any) -> Completion:
             Fake.sent += 1
-            usage = {"total_tokens": 10}
+            usage = Usage(input=6, output=4)
             return Completion("not json at all", None, usage, 0.5, "fake", 1, 0.0, "m", None)
 
     budget = BudgetState(max_calls=1)

@@ -63,6 +63,7 @@ from factory.envs.pack import Domain
 from factory.errors import SeedError
 from factory.io.runstate import batch_summary
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
+from factory.llm.types import Usage
 from factory.recipe import AmplifyRecipe, MixRecipe, MixtureConfig, Recipe
 
 __all__ = [
@@ -502,8 +503,8 @@ class AmplifyJob(Declaration):
         )
         collector.close()
         static = estimate_tokens(self.template.static)
-        prompt_tokens = ledger.spend["amplify"].tokens["prompt_tokens"]
-        cached = ledger.spend["amplify"].tokens["cached_tokens"]
+        used = ledger.spend["amplify"].usage or Usage()
+        input_tokens, cached = used.input, used.cached_input
         issued = planner.calls_used
         reached = collector.accepted >= cfg.amplify.target
         clock = {k: round(v - self.manifest.started, 2) for k, v in planner.clock.items()}
@@ -517,10 +518,10 @@ class AmplifyJob(Declaration):
             },
             "prompt_cache": {
                 "static_prefix_tokens_per_call": static,
-                "static_prefix_share": round(static * issued / prompt_tokens, 4)
-                if prompt_tokens
+                "static_prefix_share": round(static * issued / input_tokens, 4)
+                if input_tokens
                 else None,
-                "server_cached_share": round(cached / prompt_tokens, 4) if prompt_tokens else None,
+                "server_cached_share": round(cached / input_tokens, 4) if input_tokens else None,
             },
             "generated_with_devserver": DEVSERVER_FINGERPRINT in collector.fingerprints,
             "batches": batch_summary(self.out_dir),  # llm.backend openai_batch: ids, outcomes

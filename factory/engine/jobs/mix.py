@@ -33,6 +33,7 @@ from factory.engine.jobs.amplify import amplify_caps
 from factory.engine.ledger import Ledger
 from factory.engine.result import RunResult, new_manifest
 from factory.io.writer import ShardWriter, write_dataset_info
+from factory.llm.backends.openai_wire import tokens_record, tokens_usage
 from factory.recipe import AmplifyRecipe, MixRecipe, PartConfig
 
 __all__ = [
@@ -183,9 +184,10 @@ def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = 
         for stage, codes in (part_manifest.get("reasons") or {}).items():
             for code, n in codes.items():
                 manifest.reason(stage, code, n)
+        part_tokens = part_manifest.get("tokens") or {}
         ledger.carry(
             label,
-            tokens={k: int(v) for k, v in (part_manifest.get("tokens") or {}).items()},
+            usage=tokens_usage(part_tokens) if part_tokens else None,
             cost_usd=float(part_manifest.get("cost_usd") or 0.0),
             calls=int((part_manifest.get("calls") or {}).get("issued", 0)),
         )
@@ -210,7 +212,7 @@ def run_mix(cfg: MixRecipe, out_dir: Path, *, run_job: RunJob, progress: bool = 
         pipeline="amplify",
         parts=parts,
         cost_usd=round(ledger.cost_usd, 6),
-        tokens=dict(ledger.tokens),
+        tokens={} if (used := ledger.usage) is None else tokens_record(used),
         calls={"issued": ledger.calls},
         target={
             "requested": sum(p.quota for p in cfg.parts),

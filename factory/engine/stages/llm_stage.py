@@ -34,16 +34,17 @@ from factory.engine.stages.base import HURRY, UNISSUED, Stage, fail
 from factory.errors import ConfigError, LLMError, LLMStopped, LLMUnavailable, describe_os_error
 from factory.io.cache import ResponseCache, completion_from_record, completion_to_record
 from factory.io.runstate import BatchJournal
-from factory.llm import Completion
 from factory.llm.backends import (
     Backend,
     LLMRequest,
     OnlineBackend,
     build_backend,
 )
+from factory.llm.backends.openai_wire import tokens_record
 from factory.llm.batcher import Batcher
 from factory.llm.pricing import Price, cost
 from factory.llm.retry import required_wait
+from factory.llm.types import Completion, Usage
 from factory.secrets import redact
 
 __all__ = [
@@ -93,11 +94,10 @@ def reservation(
     an upper bound) or, without one, as many as the prompt (an amplification answer is
     about as long as the reference it rewrites, which the prompt holds).
     """
-    text = "".join(str(m.get("content") or "") for m in request.messages)
+    text = "".join(m.content for m in request.messages)
     prompt = estimate_tokens(text)
     output = max_output if max_output is not None else prompt
-    usage = {"prompt_tokens": prompt, "completion_tokens": output}
-    return cost(usage, price), prompt + output
+    return cost(Usage(input=prompt, output=output), price), prompt + output
 
 
 def build_client(settings: LLMStageSettings) -> OnlineBackend:
@@ -177,18 +177,17 @@ def render(
     messages: list[dict[str, str]],
     **identity: Any,
 ) -> LLMRequest:
-    """The request of one row: its messages under their content-derived id (pure)."""
-    return LLMRequest(request_id(stage, model, sampling, messages, **identity), messages)
+    """The request of one row: its messages under their content-derived id (pure).
 
-
-def usage_record(c: Completion) -> dict[str, int]:
-    usage = c.usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return {
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-        "completion_tokens": int(usage.get("completion_tokens") or 0),
-        "cached_tokens": int((details or {}).get("cached_tokens") or 0),
-    }
+    A leading system message is the stage's static block (``factory.engine.prompts``:
+    it depends only on the domain), marked so a provider may cache it."""
+    static = 1 if messages and messages[0].get("role") == "system" else 0
+    return LLMRequest.of(
+        request_id(stage, model, sampling, messages, **identity),
+        messages,
+        sampling=sampling,
+        static_prefix=static,
+    )
 
 
 def add_retries(row: dict[str, Any], retries: Mapping[str, int] | None) -> None:
@@ -228,7 +227,7 @@ def record_completion(row: dict[str, Any], c: Completion, *, cached: bool, stage
     row["calls"] = (row.get("calls") or 0) + int(not cached)
     row.update(
         completion=c.text,
-        usage=json.dumps(usage_record(c)),
+        usage=json.dumps(tokens_record(c.usage)),
         cost_usd=c.cost_usd,
         attempts=c.attempts,
         latency_s=c.latency_s,

@@ -242,31 +242,18 @@ def _seed_yield(m: Mapping[str, Any], stats: RowStats) -> str:
 
 
 def _cost(m: Mapping[str, Any]) -> str:
+    from factory.llm.backends.openai_wire import tokens_usage  # the manifest's token names
+
     by_stage = m.get("by_stage") or {}
     tokens = m.get("tokens") or {}
     if not by_stage and not tokens:
         return "<p>This run made no LLM call.</p>"
     rows = []
     for stage, info in by_stage.items():
-        t = info.get("tokens") or {}
-        rows.append(
-            (
-                stage,
-                int(t.get("prompt_tokens") or 0),
-                int(t.get("cached_tokens") or 0),
-                int(t.get("completion_tokens") or 0),
-                float(info.get("cost_usd") or 0.0),
-            )
-        )
-    rows.append(
-        (
-            "run",
-            int(tokens.get("prompt_tokens") or 0),
-            int(tokens.get("cached_tokens") or 0),
-            int(tokens.get("completion_tokens") or 0),
-            float(m.get("cost_usd") or 0.0),
-        )
-    )
+        t = tokens_usage(info.get("tokens"))
+        rows.append((stage, t.input, t.cached_input, t.output, float(info.get("cost_usd") or 0.0)))
+    run = tokens_usage(tokens)
+    rows.append(("run", run.input, run.cached_input, run.output, float(m.get("cost_usd") or 0.0)))
     body = _table(rows, ("stage", "prompt tokens", "cached", "completion tokens", "cost USD"))
     figs = []
     if by_stage:

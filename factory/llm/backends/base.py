@@ -8,8 +8,11 @@ backend knows how a request travels.
 
 The one method the engine calls is :meth:`Backend.run`: an async iterator over
 one :class:`LLMResult` per :class:`LLMRequest`, in whatever order they finish.
-A result carries a ``Completion`` (text, usage, cost, attempts, retries by
-reason) or a typed failure (an ``LLMError`` after the backend's own retries);
+Requests and completions are the wire-neutral types of ``factory.llm.types``: a
+backend maps them to and from its provider's wire format, in its own module, and is
+the only code that makes a ``Completion`` or a ``Usage`` from a provider's answer
+(issue 34, point 5). A result carries a ``Completion`` (text, usage, cost, attempts,
+retries by reason) or a typed failure (an ``LLMError`` after the backend's own retries);
 a bug in the backend propagates as itself. ``batched`` says how the engine
 should feed it:
 
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from factory.errors import LLMError
-from factory.llm.client import Completion
+from factory.llm.types import Completion, Request
 
 if TYPE_CHECKING:
     from factory.llm.pricing import Price
@@ -57,18 +60,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class LLMRequest:
-    """One chat completion to make.
-
-    Attributes:
-        request_id: content-derived id (``factory.engine.stages.llm_stage.request_id``): the
-            cache key, the batch ``custom_id``, the ``X-Client-Request-Id`` header.
-        messages: OpenAI chat messages.
-    """
-
-    request_id: str
-    messages: list[dict[str, Any]]
+#: The request a backend makes (the neutral ``factory.llm.types.Request``).
+LLMRequest = Request
 
 
 @dataclass(frozen=True)
@@ -168,7 +161,7 @@ class OnlineBackend(Backend):
     """A backend that answers one request at a time; ``run`` makes them concurrently."""
 
     @abstractmethod
-    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+    async def complete(self, request: Request) -> Completion:
         """One request, retried as the backend sees fit.
 
         Raises:
@@ -178,7 +171,7 @@ class OnlineBackend(Backend):
     async def run(self, requests: Sequence[LLMRequest]) -> AsyncIterator[LLMResult]:
         async def one(request: LLMRequest) -> LLMResult:
             try:
-                c = await self.complete(request.messages, request_id=request.request_id)
+                c = await self.complete(request)
             except LLMError as exc:
                 return LLMResult(request.request_id, error=exc)
             return LLMResult(request.request_id, completion=c)

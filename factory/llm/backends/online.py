@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from factory.llm.backends.base import BackendSetup, OnlineBackend
-from factory.llm.client import ClientFactory, Completion, LLMClient
+from factory.llm.client import ClientFactory, LLMClient
 from factory.llm.deadline import AttemptDeadline
 from factory.llm.pool import Endpoint, EndpointPool
 from factory.llm.retry import RetryPolicy
+from factory.llm.types import Completion, Request
 
 __all__ = ["DEFAULT_HEDGE_SHARE", "ClientBackend", "build_llm_client"]
 
@@ -80,8 +81,8 @@ class ClientBackend(OnlineBackend):
         self.client = client
         self.model = client.model
 
-    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
-        return await self.client.complete(messages, request_id=request_id)
+    async def complete(self, request: Request) -> Completion:
+        return await self.client.complete(request)
 
     def totals(self) -> Mapping[str, float]:
         return self.client.totals()

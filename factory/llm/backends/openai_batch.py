@@ -30,6 +30,7 @@ Money: the engine builds this backend with the model's Batch-tier price
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -50,11 +51,13 @@ from factory.llm.backends.base import (
     LLMRequest,
     LLMResult,
 )
-from factory.llm.client import Completion, resolve_api_key
+from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
+from factory.llm.client import resolve_api_key
 from factory.llm.errormap import status_error
 from factory.llm.params import build_request
 from factory.llm.pool import Endpoint
 from factory.llm.pricing import Price, cost
+from factory.llm.types import Completion
 from factory.secrets import redact
 
 __all__ = [
@@ -145,23 +148,11 @@ def parse_output_line(
     if status != 200:
         detail = redact(str((body.get("error") or {}).get("message") or body))[:300]
         return status_error(endpoint, status, detail)
-    choices = body.get("choices") or []
-    if not choices or not isinstance(choices[0].get("message"), Mapping):
+    try:
+        c = completion_from_openai(body, endpoint, model)
+    except LLMServerError:
         return LLMServerError(f"{endpoint}: batch response has no message")
-    message = choices[0]["message"]
-    usage = dict(body.get("usage") or {})
-    return Completion(
-        text=message.get("content") or "",
-        reasoning=message.get("reasoning_content") or message.get("reasoning") or None,
-        usage=usage,
-        cost_usd=cost(usage, price),
-        endpoint=endpoint,
-        attempts=1,
-        latency_s=0.0,
-        model=body.get("model") or model,
-        system_fingerprint=body.get("system_fingerprint"),
-        finish_reason=choices[0].get("finish_reason"),
-    )
+    return dataclasses.replace(c, cost_usd=cost(c.usage, price), attempts=1)
 
 
 class _ControlError(Exception):
@@ -264,7 +255,8 @@ class BatchBackend(Backend):
 
     # -- submitting ----------------------------------------------------------------------
     def _line(self, request: LLMRequest) -> bytes:
-        body = build_request(self.model, request.messages, self._sampling)
+        sampling = self._sampling if request.sampling is None else dict(request.sampling)
+        body = build_request(self.model, chat_messages(request.messages), sampling)
         line = {
             "custom_id": request.request_id,
             "method": "POST",

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from factory.engine.stages.base import FAILED, OK, make_row
-from factory.llm import Completion
+from factory.llm import Completion, Usage
 from factory.llm.backends import OnlineBackend
 from factory.recipe import load_recipe
 from tests.conftest import ROOT
@@ -24,12 +24,12 @@ class Judge(OnlineBackend):
         self.answers = list(answers)
         self.ids: list[str] = []
 
-    async def complete(self, messages: Any, *, request_id: str) -> Completion:
-        self.ids.append(request_id)
+    async def complete(self, request: Any) -> Completion:
+        self.ids.append(request.request_id)
         return Completion(
             text=self.answers[min(len(self.ids), len(self.answers)) - 1],
             reasoning=None,
-            usage={"prompt_tokens": 100, "completion_tokens": 10},
+            usage=Usage(input=100, output=10),
             cost_usd=0.5,
             endpoint="fake",
             attempts=1,

@@ -34,7 +34,7 @@ from tests.helpers import amplify_stage, stage_settings
 
 def _requests(n: int, tag: str = "r") -> list[LLMRequest]:
     return [
-        LLMRequest(f"{tag}-{i}", [{"role": "user", "content": f"say hello number {i}"}])
+        LLMRequest.of(f"{tag}-{i}", [{"role": "user", "content": f"say hello number {i}"}])
         for i in range(n)
     ]
 
@@ -130,11 +130,11 @@ def test_batches_are_split_submitted_polled_and_mapped_back(devserver, tmp_path)
     usage = results["r-0"].completion.usage  # type: ignore[union-attr]
     batch_price = PriceTable().lookup_batch("gpt-5")
     assert batch_price is not None
+    assert usage.input > 0 and usage.output > 0
     expected = (
-        (usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"])
-        * batch_price.input_per_mtok
-        + usage["prompt_tokens_details"]["cached_tokens"] * batch_price.cached_input_per_mtok
-        + usage["completion_tokens"] * batch_price.output_per_mtok
+        (usage.input - usage.cached_input) * batch_price.input_per_mtok
+        + usage.cached_input * batch_price.cached_input_per_mtok
+        + usage.output * batch_price.output_per_mtok
     ) / 1e6
     assert results["r-0"].completion.cost_usd == pytest.approx(expected)  # type: ignore[union-attr]
     summary = batch_summary(tmp_path / "out")

@@ -19,6 +19,7 @@ from factory.errors import (
     LLMTimeout,
 )
 from factory.llm.backends import BackendSetup, backend_options, get_backend
+from factory.llm.backends.openai_wire import completion_from_openai
 from factory.llm.backends.ray_data import RayDataOptions, specs
 from factory.llm.backends.ray_data.gateway import pad
 from factory.llm.backends.ray_data.processors import (
@@ -38,6 +39,7 @@ from factory.llm.backends.ray_data.session import (
 )
 from factory.llm.backends.ray_data.transport import gateway_name, http_payload, read_envelope
 from factory.llm.errormap import translate_error
+from factory.llm.types import Usage
 from factory.recipe import load_recipe
 from tests.conftest import ROOT
 
@@ -133,8 +135,9 @@ def test_the_http_payload_is_the_body_the_aiohttp_backend_sends() -> None:
 def test_a_2xx_envelope_is_the_response() -> None:
     body = {"model": "m", "choices": [{"message": {"content": "hi"}}], "usage": {"total_tokens": 3}}
     response = read_envelope(envelope(200, json.dumps(body)))
-    assert response.choices[0].message.content == "hi"
-    assert response.usage == {"total_tokens": 3}
+    assert response == body
+    completion = completion_from_openai(response, "gateway", "m")
+    assert completion.text == "hi" and completion.endpoint == "gateway"
 
 
 @pytest.mark.parametrize(
@@ -182,10 +185,10 @@ def test_an_engine_row_becomes_an_openai_body_with_the_engines_token_counts() ->
         "__inference_error__": "",
     }
     token, text = read_output(row, "m")
-    response = read_envelope(text)
-    assert token == 7 and response.choices[0].message.content == "answer"
-    assert response.usage["prompt_tokens"] == 120 and response.usage["completion_tokens"] == 16
-    assert response.choices[0].finish_reason == "length"
+    completion = completion_from_openai(read_envelope(text), "gateway", "m")
+    assert token == 7 and completion.text == "answer"
+    assert completion.usage == Usage(input=120, output=16)
+    assert completion.finish_reason == "length"
     failed = vllm_envelope({**row, "__inference_error__": "ValueError: too long"}, "m")
     assert isinstance(_failure(failed), LLMBadRequest)
 
@@ -232,7 +235,7 @@ def test_rays_http_stage_through_the_session_keeps_every_status(devserver: Any) 
         processor_row("http", 2, FILLER),
     ]
     ok, unknown, filler = _ray_http_stage(url, rows)
-    assert read_envelope(ok).choices[0].message.content
+    assert completion_from_openai(read_envelope(ok), "gateway", "factory-dev").text
     assert isinstance(_failure(unknown), LLMBadRequest)
     assert json.loads(filler)["status"] == 200
 

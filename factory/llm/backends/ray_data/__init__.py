@@ -32,8 +32,9 @@ from factory.llm.backends.ray_data.transport import (
     gateway_name,
     payload_renderer,
 )
-from factory.llm.client import Completion, LLMClient
+from factory.llm.client import LLMClient
 from factory.llm.pool import Endpoint
+from factory.llm.types import Completion, Request
 
 __all__ = ["RayDataBackend", "RayDataOptions", "VllmOptions", "plugin", "specs"]
 
@@ -153,11 +154,11 @@ class RayDataBackend(ClientBackend):
             if why:
                 log.warning("the Ray Data processor of %s did not start: %s", gateway.name, why)
 
-    async def complete(self, messages: list[dict[str, Any]], *, request_id: str) -> Completion:
+    async def complete(self, request: Request) -> Completion:
         if self._warm is None:
             self._warm = asyncio.ensure_future(self._warm_up())
         await asyncio.shield(self._warm)
-        return await super().complete(messages, request_id=request_id)
+        return await super().complete(request)
 
 
 def build(setup: BackendSetup) -> Backend:
@@ -174,7 +175,9 @@ def build(setup: BackendSetup) -> Backend:
     def client_factory(endpoint: Endpoint, api_key: str, timeout_s: float) -> GatewayChatClient:
         del api_key, timeout_s  # read by the HTTP actors themselves; the client times attempts
         spec = by_name[endpoint.name]
-        gateway = GatewayChatClient(gateway_name(run_dir, spec), spec, payload_renderer(spec))
+        gateway = GatewayChatClient(
+            gateway_name(run_dir, spec), spec, payload_renderer(spec), endpoint.name
+        )
         gateways.append(gateway)
         return gateway
 

@@ -2,8 +2,9 @@
 
 The ``ray_data`` backend is an ``LLMClient`` like ``aiohttp`` (retries, deadlines, the
 adaptive limiter, circuit breakers, usage and cost are the client's); only the hop
-differs: ``chat.completions.create`` renders the payload, awaits the gateway's
-envelope and reads it (``read_envelope``, pure), raising what the aiohttp transport
+differs: its transport's ``send`` renders the payload, awaits the gateway's envelope
+and reads it (``read_envelope``, pure) into the neutral completion
+(``openai_wire.completion_from_openai``), raising what the aiohttp transport
 would raise (a timeout, ``aiohttp.ClientConnectionError``, ``HTTPStatusFailure``,
 ``UnusableResponse``) or an ``InferenceFailure``, so ``factory.llm.errormap`` decides
 what each means. A non-2xx status is an error, never a success.
@@ -14,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable
-from types import SimpleNamespace
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
+from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
 from factory.llm.backends.ray_data.processors import ProcessorSpec, vllm_payload
 from factory.llm.errormap import HTTPStatusFailure, InferenceFailure, UnusableResponse
-from factory.llm.http import namespace
+from factory.llm.types import Completion, Request
 
 __all__ = [
     "GatewayChatClient",
@@ -55,16 +56,16 @@ def http_payload(kwargs: dict[str, Any]) -> str:
     )
 
 
-def read_envelope(text: str) -> Any:
-    """The response an envelope holds, or the failure it reports raised as the transport
-    exception ``factory.llm.errormap`` translates (pure).
+def read_envelope(text: str) -> dict[str, Any]:
+    """The response body an envelope holds (decoded JSON), or the failure it reports
+    raised as the transport exception ``factory.llm.errormap`` translates (pure).
 
     Raises:
         TimeoutError: the attempt timed out in the HTTP stage.
         aiohttp.ClientConnectionError: the HTTP stage could not reach the server.
         InferenceFailure: the engine failed the request, or the execution failed.
         HTTPStatusFailure: a non-2xx status (its body and ``Retry-After`` kept).
-        UnusableResponse: a 2xx body that is not JSON.
+        UnusableResponse: a 2xx body that is not a JSON object.
     """
     env = json.loads(text)
     error = env.get("error")
@@ -82,34 +83,49 @@ def read_envelope(text: str) -> Any:
         headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
         raise HTTPStatusFailure(status, body.encode(), headers)
     try:
-        return namespace(json.loads(body))
+        answer = json.loads(body)
     except ValueError as exc:
         raise UnusableResponse(body[:1000]) from exc
-
-
-class _Completions:
-    def __init__(self, owner: GatewayChatClient):
-        self._owner = owner
-
-    async def create(self, **kwargs: Any) -> Any:
-        return read_envelope(await self._owner.call(self._owner.render(kwargs)))
+    if not isinstance(answer, dict):
+        raise UnusableResponse(body[:1000])
+    return answer
 
 
 class GatewayChatClient:
-    """The SDK-shaped client ``LLMClient`` calls (one per endpoint and actor).
+    """The transport ``LLMClient`` calls (one per endpoint and actor).
 
     Args:
         name: the gateway's actor name.
         spec: its processor (the first caller creates the gateway with it).
         render: request keyword arguments -> the processor's payload.
+        endpoint: the endpoint's name (the completions' ``endpoint``).
     """
 
-    def __init__(self, name: str, spec: ProcessorSpec, render: Callable[[dict[str, Any]], str]):
+    def __init__(
+        self,
+        name: str,
+        spec: ProcessorSpec,
+        render: Callable[[dict[str, Any]], str],
+        endpoint: str = "",
+    ):
         self.name = name
         self.spec = spec
         self.render = render
+        self.endpoint = endpoint
         self._handle: Any = None
-        self.chat = SimpleNamespace(completions=_Completions(self))
+
+    async def send(
+        self, request: Request, model: str, params: Mapping[str, Any], request_header: str
+    ) -> Completion:
+        """One attempt through the gateway (``factory.llm.client.Transport``)."""
+        kwargs = {
+            "model": model,
+            "messages": chat_messages(request.messages),
+            **params,
+            "extra_headers": {"X-Client-Request-Id": request_header},
+        }
+        body = read_envelope(await self.call(self.render(kwargs)))
+        return completion_from_openai(body, self.endpoint, model)
 
     def _gateway(self) -> Any:
         if self._handle is None:
