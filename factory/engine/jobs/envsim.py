@@ -36,7 +36,9 @@ from factory.config import RecipeConfig
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
+from factory.engine.filing import Filing
 from factory.engine.loop import Bar, Job
+from factory.engine.rows import Fate, Row, Status, StepRow
 from factory.engine.stages.base import Stage
 from factory.engine.work import Item, ItemResult
 from factory.errors import ConfigError, SeedError
@@ -100,21 +102,21 @@ class EpisodeStage(Stage):
             validate_arguments=es.validate_arguments,
         )
 
-    def process(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # type: ignore[override]
+    def process(self, row: dict[str, Any]) -> list[StepRow]:  # type: ignore[override]
         return episode_rows(self.sampler, int(row["call_index"]), self.seed, self.domain)
 
 
-def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[str, Any]]:
+def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[StepRow]:
     """The candidate rows of episode ``index`` (pure given the sampler's world)."""
     from factory.envsim.steps import check_step, decompose
     from factory.errors import FactoryError
 
-    rows: list[dict[str, Any]] = []
+    rows: list[StepRow] = []
     traj = sampler.episode(index, seed=seed)
     for sample in decompose(traj, sampler.fresh_env(), env_id=sampler.env_id):
-        row = {
+        row: StepRow = {
             "id": sample.id,
-            "status": "ok",
+            "status": Status.OK,
             "reason": None,
             "message": None,
             # the tool rides along for selection (tool balance), not in the sample
@@ -124,7 +126,8 @@ def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[
         try:
             check_step(sample, domain=domain)
         except FactoryError as exc:
-            row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
+            row["status"], row["reason"] = Status.REJECTED, exc.reason
+            row["message"] = str(exc)[:500]
         row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
         rows.append(row)
     return rows
@@ -308,7 +311,7 @@ class EnvsimPlanner:
                 "candidates for the mixture",
                 now,
                 self.total_rows,
-                {"episodes": self.episodes, "steps": self.sink.counts["total"]},
+                {"episodes": self.episodes, "steps": self.sink.total},
             )
         ]
 
@@ -334,14 +337,22 @@ class EnvsimSink:
         self.candidates = ShardWriter(
             out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
         )
-        self.rejects = RejectWriter(out_dir)
+        # a step row that is not ok (failed included) is a reject of the envsim stage
+        self.filing: Filing[StepRow] = Filing(RejectWriter(out_dir))
         self.keys: list[dict[str, Any]] = []  # payloads stay on disk
-        self.counts: Counter[str] = Counter()
         self.fills = fills
         # Step ids each side has counted: two episodes can make the same step (the id
         # hashes the call and the state), and the selection takes each id once.
         self.seen: dict[bool, set[str]] = {False: set(), True: set()}
         self.world_held = False  # the current world is the held-out one (split by env)
+
+    @property
+    def counts(self) -> Counter[Fate]:
+        return self.filing.counts
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
     @property
     def stop_reason(self) -> str | None:
@@ -350,16 +361,21 @@ class EnvsimSink:
     def arrived(self, result: ItemResult) -> None:
         return None
 
-    def add(self, row: dict[str, Any]) -> str:
-        self.counts["total"] += 1
-        row = {k: row.get(k) for k in CANDIDATE_SCHEMA.names}
-        if row["status"] != "ok":
-            self.counts["rejected"] += 1
-            self.rejects.add({k: v for k, v in row.items() if v is not None})
-            row["stage"] = "envsim"
-            return "rejected"
-        self.candidates.add(row)
-        labels = json.loads(row["labels"])
+    def add(self, row: Row, stream: str = "") -> Fate:
+        step: StepRow = {  # CANDIDATE_SCHEMA's columns, in its order
+            "id": row["id"] or "",
+            "status": row["status"],
+            "reason": row.get("reason"),
+            "message": row.get("message"),
+            "labels": row.get("labels"),
+            "sample": row.get("sample"),
+        }
+        return self.filing.file(step, self._keep)
+
+    def _keep(self, row: StepRow) -> Fate:
+        """A candidate: to ``candidates/``, its labels to the selection and the quotas."""
+        self.candidates.add(dict(row))
+        labels = json.loads(row["labels"] or "{}")
         ho = self.heldout
         side = self.world_held or bool(
             self.by_id
@@ -372,7 +388,7 @@ class EnvsimSink:
         if fill is not None and row["id"] not in self.seen[side] and not held_twice:
             self.seen[side].add(row["id"])
             fill.add(labels)
-        return "accepted"
+        return Fate.ACCEPTED
 
 
 class EnvsimJob(Job):
@@ -430,7 +446,7 @@ class EnvsimJob(Job):
         assert cfg.envsim is not None and cfg.mixture is not None
         mx, ho = cfg.mixture, cfg.envsim.heldout
         sink.candidates.close()
-        sink.rejects.close()
+        (rejects,) = sink.filing.close()
         keys = sink.keys
         exclusions: dict[str, Any] = {
             "exclude_task_ids": mx.exclude_task_ids,
@@ -466,7 +482,7 @@ class EnvsimJob(Job):
         data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
         data.extend(_alpaca_rows(cfg, selection, out_dir, self.tools, diversity))
         data.close()
-        writers: list[Any] = [data, sink.candidates, sink.rejects]
+        writers: list[Any] = [data, sink.candidates, rejects]
         splits: dict[str, str] = {}
         extras: dict[str, Any] = {}
         if held_selection is not None and ho is not None:
@@ -492,19 +508,19 @@ class EnvsimJob(Job):
             s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
         )
         selected = data.rows_written
-        rejected = sink.counts["rejected"]
+        rejected = sink.counts[Fate.REJECTED]
         self.totals = {
-            "total": sink.counts["total"],
-            "accepted": selected,
-            "surplus": sink.counts["total"] - rejected - selected,
-            "rejected": rejected,
-            "failed": 0,
+            "total": sink.total,
+            Fate.ACCEPTED: selected,
+            Fate.SURPLUS: sink.total - rejected - selected,
+            Fate.REJECTED: rejected,
+            Fate.FAILED: 0,
         }
         self.stages = {
             "envsim": {
-                "accepted": selected,
-                "rejected": rejected,
-                "surplus": self.totals["surplus"],
+                Fate.ACCEPTED: selected,
+                Fate.REJECTED: rejected,
+                Fate.SURPLUS: self.totals[Fate.SURPLUS],
             }
         }
         self.report = selection.report()
