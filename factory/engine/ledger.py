@@ -79,8 +79,8 @@ class StageSpend:
             "calls": self.calls,
             "responses_from_cache": self.replayed,
             "retries": dict(sorted(self.retries.items())),
-            "failed": self.failed,
-            "unissued": self.unissued,
+            Fate.FAILED: self.failed,
+            Fate.UNISSUED: self.unissued,
         }
 
 
@@ -316,7 +316,7 @@ class Ledger:
             "cost_usd": round(self.cost_usd, 6),
             "cost_usd_paid_this_run": round(self.paid_usd, 6),
             "responses_from_cache": self.replayed,
-            "unissued": self.unissued,
+            Fate.UNISSUED: self.unissued,
             "unissued_by_stage": {k: s.unissued for k, s in sorted(self.spend.items())},
             "by_stage": {k: s.as_dict() for k, s in sorted(self.spend.items())},
             "retries": dict(sorted(retries.items())),

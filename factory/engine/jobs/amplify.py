@@ -175,9 +175,9 @@ class SeedSide:
         return {
             "total": sum(c.values()) + self.unread,
             "kept": c[Fate.ACCEPTED],
-            "rejected": c[Fate.REJECTED],
-            "failed": c[Fate.FAILED],
-            "unissued": unissued,
+            Fate.REJECTED: c[Fate.REJECTED],
+            Fate.FAILED: c[Fate.FAILED],
+            Fate.UNISSUED: unissued,
         }
 
     def add(self, row: Row) -> None:
@@ -462,7 +462,7 @@ class AmplifyJob(Job):
         self.seed_side.close(self.manifest, dict(seed_retries))
         if (
             not self.seed_side.kept
-            and not self.seed_side.counts["unissued"]
+            and not self.seed_side.counts[Fate.UNISSUED]
             and not (collector.unstored or stopped_by)
         ):
             raise self.seed_side.error()
