@@ -85,7 +85,7 @@ class StepRow(TypedDict):
     columns); ``stage`` and ``raw`` only while it travels (a stage or a reject sets them),
     never written."""
 
-    id: str
+    id: str | None  # None only on a row that failed before it had a step
     status: Status
     reason: str | None
     message: str | None

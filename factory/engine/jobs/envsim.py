@@ -363,7 +363,7 @@ class EnvsimSink:
 
     def add(self, row: Row, stream: str = "") -> Fate:
         step: StepRow = {  # CANDIDATE_SCHEMA's columns, in its order
-            "id": row["id"] or "",
+            "id": row["id"],
             "status": row["status"],
             "reason": row.get("reason"),
             "message": row.get("message"),
@@ -375,6 +375,7 @@ class EnvsimSink:
     def _keep(self, row: StepRow) -> Fate:
         """A candidate: to ``candidates/``, its labels to the selection and the quotas."""
         self.candidates.add(dict(row))
+        sid = row["id"] or ""  # a kept step has its id (``episode_rows``)
         labels = json.loads(row["labels"] or "{}")
         ho = self.heldout
         side = self.world_held or bool(
@@ -382,11 +383,11 @@ class EnvsimSink:
             and ho is not None
             and held_out(labels, by=ho.by, share=ho.share, seed=ho.seed)
         )
-        self.keys.append({"id": row["id"], "labels": labels, "heldout": side})
+        self.keys.append({"id": sid, "labels": labels, "heldout": side})
         fill = self.fills.get(side)
-        held_twice = side and row["id"] in self.seen[False]  # the selection drops it too
-        if fill is not None and row["id"] not in self.seen[side] and not held_twice:
-            self.seen[side].add(row["id"])
+        held_twice = side and sid in self.seen[False]  # the selection drops it too
+        if fill is not None and sid not in self.seen[side] and not held_twice:
+            self.seen[side].add(sid)
             fill.add(labels)
         return Fate.ACCEPTED
 
