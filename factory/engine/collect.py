@@ -16,19 +16,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from factory.core.dedup import DEDUP_STAGE, Deduper
+from factory.core.dedup import Deduper
 from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
-from factory.core.neardup import NEARDUP_STAGE, NearDupIndex
+from factory.core.neardup import NearDupIndex
+from factory.engine.filing import Check, Filing, NearDuplicates, exact_duplicates
 from factory.engine.quality import index_path
-from factory.engine.stages.base import FAILED, OK, REJECTED, UNISSUED, reject
+from factory.engine.rows import Fate, Row, Status
 from factory.engine.stages.export import SHARED_COLUMNS, training_row
 from factory.engine.work import ItemResult
 from factory.io.writer import Manifest, RejectWriter, ShardWriter, write_dataset_info
 
 __all__ = ["Collector"]
-
-ACCEPTED, SURPLUS = "accepted", "surplus"
 
 
 class Collector:
@@ -59,15 +58,23 @@ class Collector:
         self.dataset_name = dataset_name
         self.data = ShardWriter(self.out_dir, subdir=data_subdir, shard_rows=shard_rows)
         self.surplus = ShardWriter(self.out_dir, subdir="surplus", shard_rows=shard_rows)
-        self.rejects = RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows)
-        self.failed = RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows)
         self.target = target
         self.per_seed_cap = per_seed_cap
         # The run's exact-duplicate filter (``factory.core.dedup``): the collector owns it.
         self.dedup = Deduper("same content as an earlier row ({first})")
         # The run's near-duplicate index (signatures only; ``factory.core.neardup``).
         self.neardup = neardup
-        self.near_rejected = 0
+        self.near = NearDuplicates(neardup) if neardup is not None else None
+        checks: list[Check[Row]] = [exact_duplicates(self.dedup)]
+        if self.near is not None:
+            checks.append(self.near)
+        # Reject files leave out what only an accepted row needs.
+        self.filing: Filing[Row] = Filing(
+            RejectWriter(self.out_dir, subdir="rejects", shard_rows=shard_rows),
+            RejectWriter(self.out_dir, subdir="failed", shard_rows=shard_rows),
+            checks=checks,
+            drop=("output", *SHARED_COLUMNS, "unstored", "minhash"),
+        )
         # Diversity and yield of the accepted rows (manifest ``diversity``); the job sets
         # ``seeds`` (every seed it amplified) and ``mixture`` when it has them.
         self.diversity = DiversityStats()
@@ -75,7 +82,6 @@ class Collector:
         self.seeds: list[str] | None = None
         self.mixture: Mixture | None = None
         self.per_seed: Counter[str] = Counter()
-        self.counts: Counter[str] = Counter()
         self.fingerprints: set[str] = set()  # who answered (the devserver says so)
         # Paid responses the cache refused (request id, cache record) and why; kept by
         # ``save_unstored`` before anything else is written.
@@ -84,18 +90,30 @@ class Collector:
         self.cache_error: str | None = None
         self.cache_dir: Path | None = None  # where the response cache lives (a 2nd refuge)
         self.grounding: Counter[str] = Counter()
-        # (id, labels) of accepted rows, kept only when a mixture will select from them.
+        # (id, labels) of accepted rows, kept only when a mixture will select from them,
+        # and each one's seed and parsed labels by id (the selection's diversity reads
+        # them there instead of parsing the rows' ``meta`` again).
         self.keep_labels = keep_labels
         self.accepted_labels: list[dict[str, Any]] = []
+        self.kept_meta: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
 
     # -- accounting ------------------------------------------------------------------------
     @property
+    def counts(self) -> Counter[Fate]:
+        """Rows by fate (``unissued`` ones among them, apart from the ``total``)."""
+        return self.filing.counts
+
+    @property
     def accepted(self) -> int:
-        return self.counts[ACCEPTED]
+        return self.counts[Fate.ACCEPTED]
 
     @property
     def total(self) -> int:
-        return sum(self.counts.values())
+        return sum(n for fate, n in self.counts.items() if fate != Fate.UNISSUED)
+
+    @property
+    def near_rejected(self) -> int:
+        return self.near.rejected if self.near is not None else 0
 
     @property
     def done(self) -> bool:
@@ -112,58 +130,44 @@ class Collector:
         for row in result.rows:
             self.take_unstored(row)
 
-    def add(self, row: dict[str, Any]) -> str:
-        """File one final row; returns accepted | surplus | rejected | failed | unissued."""
-        if row.get("status") == UNISSUED:  # never sent: a budget cap stopped it
-            return UNISSUED
+    def add(self, row: Row, stream: str = "") -> Fate:
+        """File one final row (``factory.engine.filing``); returns its fate."""
+        if row["status"] != Status.UNISSUED:  # never sent: a budget cap stopped it
+            self._note(row)
+        return self.filing.file(row, self._keep)
+
+    def _note(self, row: Row) -> None:
+        """What the manifest reports of every row sent: who answered, grounding."""
         if row.get("fingerprint"):
-            self.fingerprints.add(row["fingerprint"])
+            self.fingerprints.add(row["fingerprint"] or "")
         if row.get("grounding"):
-            info = json.loads(row["grounding"])
+            info = json.loads(row["grounding"] or "{}")
             self.grounding["trajectories"] += 1
             self.grounding["calls"] += int(info.get("total") or 0)
             self.grounding["matched"] += int(info.get("matched") or 0)
             self.grounding["observations_replaced"] += int(info.get("observations_replaced") or 0)
-        status = row.get("status")
-        if status == OK:
-            duplicate = self.dedup.check_row(row)
-            if duplicate is not None:
-                row = reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
-                status = REJECTED
-        if status == OK and self.neardup is not None and row.get("minhash"):
-            near = self.neardup.check(row.get("id") or "", row["minhash"])
-            if near is not None:
-                row = reject(row, NEARDUP_STAGE, near.code, near.message)
-                status = REJECTED
-                self.near_rejected += 1
-        if status == OK:
-            key = row.get("id") or ""
-            out = training_row(row)
-            seed = row.get("seed_id") or ""
-            over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap
-            if self.done or over_seed:
-                self.surplus.add(out)
-                kind = SURPLUS
-            else:
-                self.data.add(out)
-                self.per_seed[seed] += 1
-                kind = ACCEPTED
-                labels = json.loads(row["labels"]) if row.get("labels") else None
-                if self.keep_labels and labels:
-                    self.accepted_labels.append({"id": key, "labels": labels})
-                self.diversity.add(out, seed_id=seed or None, labels=labels)
-        else:
-            kind = FAILED if status == FAILED else REJECTED
-            slim = {
-                k: v
-                for k, v in row.items()
-                if v is not None and k not in ("output", *SHARED_COLUMNS, "unstored", "minhash")
-            }
-            (self.failed if kind == FAILED else self.rejects).add(slim)
-        self.counts[kind] += 1
-        return kind
 
-    def take_unstored(self, row: dict[str, Any]) -> None:
+    def _keep(self, row: Row) -> Fate:
+        """A valid row to ``data/`` (counted in the diversity), or past the target or its
+        seed's cap to ``surplus/``."""
+        out = training_row(row)
+        seed = row.get("seed_id") or ""
+        over_seed = self.per_seed_cap is not None and self.per_seed[seed] >= self.per_seed_cap
+        if self.done or over_seed:
+            self.surplus.add(out)
+            return Fate.SURPLUS
+        self.data.add(out)
+        self.per_seed[seed] += 1
+        labels = json.loads(row["labels"] or "null") if row.get("labels") else None
+        if self.keep_labels:
+            key = row.get("id") or ""
+            if labels:
+                self.accepted_labels.append({"id": key, "labels": labels})
+            self.kept_meta[key] = (seed or None, labels)
+        self.diversity.add(out, seed_id=seed or None, labels=labels)
+        return Fate.ACCEPTED
+
+    def take_unstored(self, row: Row) -> None:
         """Keep a paid response the cache could not store, at once (before any other
         write can fail on the same full disk); the row itself counts as usual."""
         from factory.engine.console import console
@@ -171,7 +175,7 @@ class Collector:
 
         if not row.get("unstored"):
             return
-        info = json.loads(row["unstored"])
+        info = json.loads(row["unstored"] or "{}")
         where = save_unstored(
             self.out_dir,
             [(info["request_id"], info["record"])],
@@ -186,9 +190,11 @@ class Collector:
     def close(self) -> None:
         """Flush every writer and write dataset_info.json; put what the collector knows
         (files, grounding, diversity, near-duplicates, unstored answers) in the manifest."""
-        for w in (self.data, self.surplus, self.rejects, self.failed):
+        for w in (self.data, self.surplus):
             w.close()
             self.manifest.add_files(w)
+        for rw in self.filing.close():
+            self.manifest.add_files(rw)
         write_dataset_info(self.out_dir, self.dataset_name, tools=self.tools_column)
         if self.grounding:
             g: dict[str, float] = dict(self.grounding)

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from factory.engine.stages.base import FAILED, UNISSUED
+from factory.engine.rows import Fate, Row, Status
 from factory.engine.work import ItemResult
 from factory.llm.backends.openai_wire import tokens_record, tokens_usage
 from factory.llm.types import Usage
@@ -119,8 +119,8 @@ class StageSpend:
             "calls": self.calls,
             "responses_from_cache": self.replayed,
             "retries": dict(sorted(self.retries.items())),
-            "failed": self.failed,
-            "unissued": self.unissued,
+            Fate.FAILED: self.failed,
+            Fate.UNISSUED: self.unissued,
         }
 
 
@@ -133,7 +133,7 @@ class Ledger:
         self.spend: dict[str, StageSpend] = defaultdict(StageSpend)
         self.decisions: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> kind counts
         self.reasons: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> reason codes
-        self.kinds: Counter[str] = Counter()  # accepted / surplus / rejected / failed totals
+        self.kinds: Counter[Fate] = Counter()  # accepted / surplus / rejected / failed totals
         self.results = 0  # items whose results arrived (any order): what progress counts
         self.rows_arrived = 0
         self.stopped_by: str | None = None
@@ -184,7 +184,7 @@ class Ledger:
 
     @property
     def accepted(self) -> int:
-        return self.kinds["accepted"]
+        return self.kinds[Fate.ACCEPTED]
 
     @property
     def total(self) -> int:
@@ -192,10 +192,11 @@ class Ledger:
 
     # -- arrivals (any order) -------------------------------------------------------------
     def arrived(self, result: ItemResult, *, reserved: tuple[float, int] = (0.0, 0)) -> None:
-        """Count what one item's rows spent (they may still be rejected later)."""
+        """Count what one item's rows spent (they may still be rejected later). Each
+        row's ``usage`` is parsed once here (the item average reads the parsed value)."""
         self.results += 1
         self.release(*reserved)
-        self._item_average(result)
+        priced: list[tuple[float, Usage]] = []  # (cost, usage) of the LLM rows
         for row in result.rows:
             self.rows_arrived += 1
             stage = row.get("llm_stage")
@@ -203,31 +204,36 @@ class Ledger:
                 continue
             spend = self.spend[stage]
             if row.get("usage"):
-                used = tokens_usage(json.loads(row["usage"]))
+                used = tokens_usage(json.loads(row["usage"] or "{}"))
+                priced.append((float(row.get("cost_usd") or 0.0), used))
                 spend.usage = used if spend.usage is None else spend.usage + used
             spend.cost_usd += float(row.get("cost_usd") or 0.0)
             spend.paid_usd += float(row.get("paid_usd") or 0.0)
             spend.replayed += int(row.get("cached_responses") or 0)
             spend.calls += int(row.get("calls") or 0)
             if row.get("retries"):
-                spend.retries.update(json.loads(row["retries"]))
+                spend.retries.update(json.loads(row["retries"] or "{}"))
             status = row.get("status")
-            if status == UNISSUED:
+            if status == Status.UNISSUED:
                 spend.unissued += 1
-            elif status == FAILED and row.get("stage") == stage:
+            elif status == Status.FAILED and row.get("stage") == stage:
                 spend.failed += 1
             if row.get("completion") or row.get("output") or row.get("verdict"):
                 self.last_success = time.time()
+        self._item_average(priced)
         self.sample()
 
-    def _item_average(self, result: ItemResult, weight: float = 0.1) -> None:
-        rows = [r for r in result.rows if r.get("llm_stage") and r.get("usage")]
-        if not rows:
+    def _item_average(
+        self, priced: list[tuple[float, Usage]], weight: float = 0.1
+    ) -> None:
+        """Move the average cost and tokens of an item towards this one's (its LLM rows'
+        ``(cost, parsed usage)``)."""
+        if not priced:
             return
-        cost = sum(float(r.get("cost_usd") or 0.0) for r in rows)
+        cost = sum(c for c, _ in priced)
         tokens = 0
-        for row in rows:
-            tokens += tokens_usage(json.loads(row["usage"])).total
+        for _, used in priced:
+            tokens += used.total
         if self.item_cost is None or self.item_tokens is None:
             self.item_cost, self.item_tokens = cost, float(tokens)
         else:
@@ -235,13 +241,13 @@ class Ledger:
             self.item_tokens += weight * (tokens - self.item_tokens)
 
     # -- decisions (in order) -------------------------------------------------------------
-    def decided(self, row: dict[str, Any], kind: str) -> None:
+    def decided(self, row: Row, kind: Fate) -> None:
         """Count one row's fate: ``kind`` accepted / surplus / rejected / failed, by the
         stage that decided it (``row["stage"]``), with its reason when not accepted."""
         stage = row.get("stage") or "?"
         self.decisions[stage][kind] += 1
         self.kinds[kind] += 1
-        if kind in ("rejected", "failed"):
+        if kind in (Fate.REJECTED, Fate.FAILED):
             self.reasons[stage][row.get("reason") or "unknown"] += 1
 
     # -- the budget -----------------------------------------------------------------------
@@ -358,7 +364,7 @@ class Ledger:
             "cost_usd": round(self.cost_usd, 6),
             "cost_usd_paid_this_run": round(self.paid_usd, 6),
             "responses_from_cache": self.replayed,
-            "unissued": self.unissued,
+            Fate.UNISSUED: self.unissued,
             "unissued_by_stage": {k: s.unissued for k, s in sorted(self.spend.items())},
             "by_stage": {k: s.as_dict() for k, s in sorted(self.spend.items())},
             "retries": dict(sorted(retries.items())),
@@ -372,8 +378,8 @@ class Ledger:
     def totals(self) -> dict[str, int]:
         return {
             "total": self.total,
-            "accepted": self.kinds["accepted"],
-            "surplus": self.kinds["surplus"],
-            "rejected": self.kinds["rejected"],
-            "failed": self.kinds["failed"],
+            Fate.ACCEPTED: self.kinds[Fate.ACCEPTED],
+            Fate.SURPLUS: self.kinds[Fate.SURPLUS],
+            Fate.REJECTED: self.kinds[Fate.REJECTED],
+            Fate.FAILED: self.kinds[Fate.FAILED],
         }

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from factory.engine.ledger import Caps, Ledger
 from factory.engine.pool import Pool
+from factory.engine.rows import Fate, Row
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult, Reorder
 from factory.engine.worker import NOT_NEEDED
@@ -114,10 +115,11 @@ class Sink(Protocol):
         """A result came back (any order): keep what must not wait (unstored answers)."""
         ...
 
-    def add(self, row: dict[str, Any]) -> str | None:
-        """File one row (in order; it may mark it: a duplicate becomes a reject of stage
-        ``dedup``); returns its fate: accepted, surplus, rejected, failed, or unissued
-        (never sent) or None (not a row of the totals: both counted apart)."""
+    def add(self, row: Row, stream: str) -> Fate | None:
+        """File one row of ``stream`` (in order; it may mark it: a duplicate becomes a
+        reject of stage ``dedup``; ``factory.engine.filing``); returns its fate: accepted,
+        surplus, rejected, failed, or unissued (never sent) or None (not a row of the
+        totals: both counted apart)."""
         ...
 
     @property
@@ -290,8 +292,8 @@ def drive(
             if not planner.wanted(result):
                 continue
             for row in result.rows:
-                kind = sink.add(row)
-                if kind is not None and kind != "unissued":
+                kind = sink.add(row, result.stream)
+                if kind is not None and kind != Fate.UNISSUED:
                     ledger.decided(row, kind)
             planner.observe(result)
         blocked_since = _hurry(pool, reorder.blocking(), blocked_since, time.monotonic())

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from factory.engine.rows import Row
+
 __all__ = ["Item", "ItemResult", "Reorder"]
 
 
@@ -53,7 +55,7 @@ class ItemResult:
 
     stream: str
     index: int
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     cancelled: bool = False
 
     @property

@@ -27,8 +27,9 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from factory.engine.rows import Row
 from factory.engine.stages.base import (
     COLUMNS,
     HURRY,
@@ -169,7 +170,9 @@ class Worker:
             and rows[0].get("status") == UNISSUED
             and rows[0].get("reason") == NOT_NEEDED
         )
-        self._done.append(ItemResult(item.stream, item.index, [] if cancelled else rows, cancelled))
+        # where rows become typed: what the stages made, every column present (Row)
+        typed = cast(list[Row], [] if cancelled else rows)
+        self._done.append(ItemResult(item.stream, item.index, typed, cancelled))
         self._event().set()
 
     async def _run_one(self, chain: list[Stage], item: Item) -> None:

@@ -85,7 +85,7 @@ class Sink:
     def arrived(self, result: ItemResult) -> None:
         pass
 
-    def add(self, row: dict[str, Any]) -> str:
+    def add(self, row: dict[str, Any], stream: str) -> str:
         if row["status"] == "unissued":
             return "unissued"
         self.rows.append(row)

@@ -31,17 +31,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from factory.core.dedup import DEDUP_STAGE, Deduper
+from factory.core.dedup import Deduper
 from factory.core.diversity import DiversityStats
 from factory.core.mixture import Mixture
 from factory.core.selection import select
 from factory.engine.collect import Collector
 from factory.engine.console import console, top_reasons
+from factory.engine.filing import Filing, exact_duplicates
 from factory.engine.ledger import Caps, Ledger
 from factory.engine.loop import Bar, Declaration, JobReport, Workers
 from factory.engine.pipeline import build_seed_check, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
+from factory.engine.rows import Fate, Row, Status
 from factory.engine.settings import (
     LLMStageSettings,
     amplify_prompt,
@@ -55,7 +57,7 @@ from factory.engine.settings import (
     seed_check_settings,
 )
 from factory.engine.stages.amplify import amplify_template, build_amplify, seed_order
-from factory.engine.stages.base import FAILED, OK, UNISSUED, StageSpec, reject
+from factory.engine.stages.base import StageSpec
 from factory.engine.stages.postprocess import build_postprocess
 from factory.engine.stages.prefilter import build_prefilter
 from factory.engine.work import Item, ItemResult
@@ -166,48 +168,53 @@ class SeedSide:
     """What the ``seeds`` stream decided, filed as it is used (in record order)."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.rejects = RejectWriter(out_dir, subdir="rejects/seeds")
-        self.failed = RejectWriter(out_dir, subdir="failed/seeds")
+        # the seeds' own duplicate filter; rejects/seeds/ and failed/seeds/
+        self.filing: Filing[Row] = Filing(
+            RejectWriter(out_dir, subdir="rejects/seeds"),
+            RejectWriter(out_dir, subdir="failed/seeds"),
+            checks=[exact_duplicates(Deduper("same content as seed {first}"))],
+        )
         self.kept: dict[str, str] = {}
-        self.dedup = Deduper("same content as seed {first}")  # the seeds' own filter
-        self.counts = {"total": 0, "kept": 0, "rejected": 0, "failed": 0, "unissued": 0}
+        self.unread = 0  # records a stop left unread: unissued, never filed
         self.reasons: dict[str, int] = {}
         self.examples: dict[str, tuple[str, str]] = {}  # first row of each reason (console)
         self.judged = 0
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.counts["total"] += 1
-        if row.get("llm_stage") == "prefilter" and row["status"] != UNISSUED:
+    @property
+    def counts(self) -> dict[str, int]:
+        """The manifest's ``seeds`` counts (a kept seed is the seed side's accepted)."""
+        c = self.filing.counts
+        unissued = c[Fate.UNISSUED] + self.unread
+        return {
+            "total": sum(c.values()) + self.unread,
+            "kept": c[Fate.ACCEPTED],
+            Fate.REJECTED: c[Fate.REJECTED],
+            Fate.FAILED: c[Fate.FAILED],
+            Fate.UNISSUED: unissued,
+        }
+
+    def add(self, row: Row) -> None:
+        if row.get("llm_stage") == "prefilter" and row["status"] != Status.UNISSUED:
             self.judged += 1
-        if row["status"] == UNISSUED:  # a cap (or a broken cache) stopped the judge call
-            self.counts["unissued"] += 1
-            return
-        duplicate = self.dedup.check_row(row) if row["status"] == OK else None
-        if duplicate is not None:
-            reject(row, DEDUP_STAGE, duplicate.code, duplicate.message)
-        if row["status"] == OK:
-            self.kept[row["id"]] = row["record"]
-            self.counts["kept"] += 1
-            return
-        self.counts["failed" if row["status"] == FAILED else "rejected"] += 1
-        key = f"{row['stage']}:{row['reason']}"
-        self.reasons[key] = self.reasons.get(key, 0) + 1
-        source = row.get("source") or row.get("id") or "?"
-        self.examples.setdefault(key, (source, row.get("message") or ""))
-        writer = self.failed if row["status"] == FAILED else self.rejects
-        writer.add({k: v for k, v in row.items() if v is not None})
+        fate = self.filing.file(row, self._keep)
+        if fate in (Fate.REJECTED, Fate.FAILED):
+            key = f"{row['stage']}:{row['reason']}"
+            self.reasons[key] = self.reasons.get(key, 0) + 1
+            source = row.get("source") or row.get("id") or "?"
+            self.examples.setdefault(key, (source, row.get("message") or ""))
+
+    def _keep(self, row: Row) -> Fate:
+        self.kept[row["id"] or ""] = row["record"] or ""
+        return Fate.ACCEPTED
 
     def close(self, manifest: Manifest, retries: dict[str, int]) -> None:
-        self.rejects.close()
-        self.failed.close()
-        manifest.add_files(self.rejects)
-        manifest.add_files(self.failed)
+        for writer in self.filing.close():
+            manifest.add_files(writer)
         manifest.extra["seeds"] = {**self.counts, "reasons": self.reasons, "retries": retries}
 
     def error(self) -> SeedError:
-        return no_seeds_error(
-            self.counts, self.reasons, self.examples, [self.rejects.dir, self.failed.dir]
-        )
+        folders = [w.dir for w in (self.filing.rejects, self.filing.failed) if w is not None]
+        return no_seeds_error(self.counts, self.reasons, self.examples, folders)
 
 
 class AmplifyPlanner:
@@ -318,8 +325,8 @@ class AmplifyPlanner:
                     self.target,
                     {
                         "calls": self.calls_used,
-                        "rejected": c.counts["rejected"],
-                        "failed": c.counts["failed"],
+                        "rejected": c.counts[Fate.REJECTED],
+                        "failed": c.counts[Fate.FAILED],
                     },
                 )
             )
@@ -484,15 +491,14 @@ class AmplifyJob(Declaration):
             # a stop (a cap) left seeds unread: they count as unissued, as a judge call
             # refused in flight does; nothing was decided about them
             left = planner.unread_seeds()
-            self.seed_side.counts["total"] += left
-            self.seed_side.counts["unissued"] += left
+            self.seed_side.unread += left
             if "prefilter" in self.llm_settings:
                 ledger.spend["prefilter"].unissued += left
         seed_retries = ledger.spend["prefilter"].retries if "prefilter" in ledger.spend else {}
         self.seed_side.close(self.manifest, dict(seed_retries))
         if (
             not self.seed_side.kept
-            and not self.seed_side.counts["unissued"]
+            and not self.seed_side.counts[Fate.UNISSUED]
             and not (collector.unstored or stopped_by)
         ):
             raise self.seed_side.error()
@@ -557,8 +563,8 @@ class _Sink:
     def arrived(self, result: ItemResult) -> None:
         self.collector.arrived(result)
 
-    def add(self, row: dict[str, Any]) -> str | None:
-        if row.get("call_index") is None:  # a seed: the planner files it (not a call row)
+    def add(self, row: Row, stream: str = "calls") -> Fate | None:
+        if stream == "seeds":  # the planner files it (not a row of the run's totals)
             return None
         return self.collector.add(row)
 
@@ -613,9 +619,9 @@ def select_mixture(
         for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
             rows = [r for r in batch.to_pylist() if r["id"] in chosen]
             data.extend(rows)
-            for row in rows:
-                meta = json.loads(row["meta"]) if row.get("meta") else {}
-                selected.add(row, seed_id=meta.get("seed_id"), labels=meta.get("labels"))
+            for row in rows:  # seed and labels as filed (the row's meta holds the same)
+                seed_id, labels = collector.kept_meta[row["id"]]
+                selected.add(row, seed_id=seed_id, labels=labels)
     data.close()
     collector.candidate_rows = collector.diversity.rows
     collector.diversity = selected

@@ -18,6 +18,7 @@ from factory.engine.ledger import Caps, Ledger
 from factory.engine.loop import Bar, Declaration, JobReport, Workers
 from factory.engine.pipeline import build_export, build_seed_check, seed_rows_local
 from factory.engine.quality import build_decontaminator, build_neardup_index, decontam_summary
+from factory.engine.rows import Fate
 from factory.engine.settings import export_settings, quality_settings, seed_check_settings
 from factory.engine.work import Item, ItemResult
 from factory.io.writer import Manifest
@@ -68,7 +69,7 @@ class CuratePlanner:
                 "seeds",
                 self.used,
                 self.issued if self.read_all else None,
-                {"accepted": c.accepted, "rejected": c.counts["rejected"]},
+                {"accepted": c.accepted, "rejected": c.counts[Fate.REJECTED]},
             )
         ]
 

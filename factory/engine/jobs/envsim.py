@@ -36,8 +36,10 @@ import pyarrow.parquet as pq
 from factory.core.diversity import StepDiversity
 from factory.core.mixture import Mixture
 from factory.core.selection import Selection, held_out, select
+from factory.engine.filing import Filing
 from factory.engine.ledger import Caps, Ledger
 from factory.engine.loop import Bar, Declaration, JobReport, Workers
+from factory.engine.rows import Fate, Row, Status, StepRow
 from factory.engine.stages.base import Stage
 from factory.engine.work import Item, ItemResult
 from factory.errors import ConfigError, SeedError
@@ -100,21 +102,21 @@ class EpisodeStage(Stage):
             validate_arguments=es.validate_arguments,
         )
 
-    def process(self, row: dict[str, Any]) -> list[dict[str, Any]]:  # type: ignore[override]
+    def process(self, row: dict[str, Any]) -> list[StepRow]:  # type: ignore[override]
         return episode_rows(self.sampler, int(row["call_index"]), self.seed, self.domain)
 
 
-def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[str, Any]]:
+def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[StepRow]:
     """The candidate rows of episode ``index`` (pure given the sampler's world)."""
     from factory.envsim.steps import check_step, decompose
     from factory.errors import FactoryError
 
-    rows: list[dict[str, Any]] = []
+    rows: list[StepRow] = []
     traj = sampler.episode(index, seed=seed)
     for sample in decompose(traj, sampler.fresh_env(), env_id=sampler.env_id):
-        row = {
+        row: StepRow = {
             "id": sample.id,
-            "status": "ok",
+            "status": Status.OK,
             "reason": None,
             "message": None,
             # the tool rides along for selection (tool balance), not in the sample
@@ -124,7 +126,8 @@ def episode_rows(sampler: Any, index: int, seed: int, domain: str) -> list[dict[
         try:
             check_step(sample, domain=domain)
         except FactoryError as exc:
-            row.update(status="rejected", reason=exc.reason, message=str(exc)[:500])
+            row["status"], row["reason"] = Status.REJECTED, exc.reason
+            row["message"] = str(exc)[:500]
         row["sample"] = json.dumps(sample.to_dict(), ensure_ascii=False)
         rows.append(row)
     return rows
@@ -311,7 +314,7 @@ class EnvsimPlanner:
                 "candidates for the mixture",
                 now,
                 self.total_rows,
-                {"episodes": self.episodes, "steps": self.sink.counts["total"]},
+                {"episodes": self.episodes, "steps": self.sink.total},
             )
         ]
 
@@ -336,14 +339,22 @@ class EnvsimSink:
         self.candidates = ShardWriter(
             out_dir, subdir="candidates", schema=CANDIDATE_SCHEMA, shard_rows=cfg.output.shard_rows
         )
-        self.rejects = RejectWriter(out_dir)
+        # a step row that is not ok (failed included) is a reject of the envsim stage
+        self.filing: Filing[StepRow] = Filing(RejectWriter(out_dir))
         self.keys: list[dict[str, Any]] = []  # payloads stay on disk
-        self.counts: Counter[str] = Counter()
         self.fills = fills
         # Step ids each side has counted: two episodes can make the same step (the id
         # hashes the call and the state), and the selection takes each id once.
         self.seen: dict[bool, set[str]] = {False: set(), True: set()}
         self.world_held = False  # the current world is the held-out one (split by env)
+
+    @property
+    def counts(self) -> Counter[Fate]:
+        return self.filing.counts
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
     @property
     def stop_reason(self) -> str | None:
@@ -352,29 +363,35 @@ class EnvsimSink:
     def arrived(self, result: ItemResult) -> None:
         return None
 
-    def add(self, row: dict[str, Any]) -> str:
-        self.counts["total"] += 1
-        row = {k: row.get(k) for k in CANDIDATE_SCHEMA.names}
-        if row["status"] != "ok":
-            self.counts["rejected"] += 1
-            self.rejects.add({k: v for k, v in row.items() if v is not None})
-            row["stage"] = "envsim"
-            return "rejected"
-        self.candidates.add(row)
-        labels = json.loads(row["labels"])
+    def add(self, row: Row, stream: str = "") -> Fate:
+        step: StepRow = {  # CANDIDATE_SCHEMA's columns, in its order
+            "id": row["id"],
+            "status": row["status"],
+            "reason": row.get("reason"),
+            "message": row.get("message"),
+            "labels": row.get("labels"),
+            "sample": row.get("sample"),
+        }
+        return self.filing.file(step, self._keep)
+
+    def _keep(self, row: StepRow) -> Fate:
+        """A candidate: to ``candidates/``, its labels to the selection and the quotas."""
+        self.candidates.add(dict(row))
+        sid = row["id"] or ""  # a kept step has its id (``episode_rows``)
+        labels = json.loads(row["labels"] or "{}")
         ho = self.heldout
         side = self.world_held or bool(
             self.by_id
             and ho is not None
             and held_out(labels, by=ho.by, share=ho.share, seed=ho.seed)
         )
-        self.keys.append({"id": row["id"], "labels": labels, "heldout": side})
+        self.keys.append({"id": sid, "labels": labels, "heldout": side})
         fill = self.fills.get(side)
-        held_twice = side and row["id"] in self.seen[False]  # the selection drops it too
-        if fill is not None and row["id"] not in self.seen[side] and not held_twice:
-            self.seen[side].add(row["id"])
+        held_twice = side and sid in self.seen[False]  # the selection drops it too
+        if fill is not None and sid not in self.seen[side] and not held_twice:
+            self.seen[side].add(sid)
             fill.add(labels)
-        return "accepted"
+        return Fate.ACCEPTED
 
 
 class EnvsimJob(Declaration):
@@ -441,7 +458,7 @@ class EnvsimJob(Declaration):
         cfg, out_dir, manifest, sink = self.cfg, self.out_dir, self.manifest, self.steps
         mx, ho = cfg.mixture, cfg.envsim.heldout
         sink.candidates.close()
-        sink.rejects.close()
+        (rejects,) = sink.filing.close()
         keys = sink.keys
         exclusions: dict[str, Any] = {
             "exclude_task_ids": mx.exclude_task_ids,
@@ -477,7 +494,7 @@ class EnvsimJob(Declaration):
         data = ShardWriter(out_dir, schema=ALPACA_SCHEMA, shard_rows=cfg.output.shard_rows)
         data.extend(_alpaca_rows(cfg, selection, out_dir, self.tools, diversity))
         data.close()
-        writers: list[Any] = [data, sink.candidates, sink.rejects]
+        writers: list[Any] = [data, sink.candidates, rejects]
         splits: dict[str, str] = {}
         extras: dict[str, Any] = {}
         if held_selection is not None and ho is not None:
@@ -503,10 +520,10 @@ class EnvsimJob(Declaration):
             s.get("labels", {}).get("group") for s in selection.selected if isinstance(s, dict)
         )
         selected = data.rows_written
-        rejected = sink.counts["rejected"]
-        surplus = sink.counts["total"] - rejected - selected
+        rejected = sink.counts[Fate.REJECTED]
+        surplus = sink.total - rejected - selected
         totals = {
-            "total": sink.counts["total"],
+            "total": sink.total,
             "accepted": selected,
             "surplus": surplus,
             "rejected": rejected,

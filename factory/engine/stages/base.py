@@ -17,10 +17,11 @@ import asyncio
 import contextvars
 from abc import ABC
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
+from factory.engine.rows import Row, Status, StepRow
 from factory.errors import FactoryError, short
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "OK",
     "REJECTED",
     "ROW_SCHEMA",
+    "UNISSUED",
+    "AnyRow",
     "Stage",
     "StageSpec",
     "fail",
@@ -37,8 +40,8 @@ __all__ = [
     "rows_to_table",
 ]
 
-OK, REJECTED, FAILED = "ok", "rejected", "failed"
-UNISSUED = "unissued"  # never sent: a budget cap (or a broken cache) stopped it first
+# The statuses under the names the stages use (``factory.engine.rows.Status``).
+OK, REJECTED, FAILED, UNISSUED = Status.OK, Status.REJECTED, Status.FAILED, Status.UNISSUED
 # The stop reason of a run that has what it needs: unstarted work vanishes (not counted).
 NOT_NEEDED = "not_needed"
 RAW_LIMIT = 4000  # characters of raw input kept on reject rows
@@ -91,6 +94,8 @@ ROW_SCHEMA = pa.schema(
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ROW_SCHEMA.names)
+#: A row as stages pass it (a plain dict) or as the driver files it (typed).
+AnyRow = TypeVar("AnyRow", Row, StepRow, dict[str, Any])
 
 
 def make_row(**values: Any) -> dict[str, Any]:
@@ -104,17 +109,19 @@ def make_row(**values: Any) -> dict[str, Any]:
     return row
 
 
-def reject(row: dict[str, Any], stage: str, reason: str, message: str, *, raw: Any = None) -> dict:
+def reject(row: AnyRow, stage: str, reason: str, message: str, *, raw: Any = None) -> AnyRow:
     """Mark ``row`` rejected by ``stage`` (bad content: a rule or a judge said no)."""
-    row.update(status=REJECTED, stage=stage, reason=reason, message=short(message, 500))
+    row["status"] = Status.REJECTED
+    row["stage"], row["reason"], row["message"] = stage, reason, short(message, 500)
     if raw is not None:
         row["raw"] = short(raw, RAW_LIMIT)
     return row
 
 
-def fail(row: dict[str, Any], stage: str, reason: str, message: str) -> dict:
+def fail(row: AnyRow, stage: str, reason: str, message: str) -> AnyRow:
     """Mark ``row`` failed by ``stage`` (the factory could not process it, e.g. LLM down)."""
-    row.update(status=FAILED, stage=stage, reason=reason, message=short(message, 500))
+    row["status"] = Status.FAILED
+    row["stage"], row["reason"], row["message"] = stage, reason, short(message, 500)
     return row
 
 

@@ -7,6 +7,7 @@ of the output; the driver only appends the ready JSON to a shard.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from factory.core.decontam import DECONTAM_STAGE, Decontaminator
@@ -100,7 +101,7 @@ def output_fields(out: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def training_row(row: dict[str, Any]) -> dict[str, Any]:
+def training_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The training row a pipeline row carries (``output_fields`` undone)."""
     out: dict[str, Any] = json.loads(row["output"])
     for key in SHARED_COLUMNS:
