@@ -128,6 +128,16 @@ def _part_rows(part_dir: Path) -> Iterator[dict[str, Any]]:
             yield from batch.to_pylist()
 
 
+def _calls_of(manifest: dict[str, Any]) -> int:
+    """The requests a finished part sent, every LLM stage's (what its ledger counted
+    against the caps); ``calls.issued`` (amplify calls only) for a manifest without
+    ``by_stage``."""
+    by_stage = manifest.get("by_stage")
+    if isinstance(by_stage, dict):
+        return sum(int(s.get("calls", 0)) for s in by_stage.values())
+    return int((manifest.get("calls") or {}).get("issued", 0))
+
+
 class _Part:
     """One part while it runs: its amplify job declared into its own folder, its own
     manifest and its own ledger (fed by the mix job beside the run's: the part's
@@ -184,9 +194,8 @@ class MixPlanner:
     meanwhile and resumes them, as for a job that is done). A part finished by an
     earlier run is reused as it is; a cap reached leaves the parts after it unrun."""
 
-    def __init__(self, job: MixJob, first: int) -> None:
+    def __init__(self, job: MixJob) -> None:
         self.job = job
-        self.index = first
         self.stopped_first: str | None = None  # the first part's reason to stop short
         self.done = False
 
@@ -197,6 +206,7 @@ class MixPlanner:
     # -- the Planner protocol -------------------------------------------------------------
     @property
     def finished(self) -> bool:
+        self._next_if_settled()  # a part that ended with nothing out gives way at once
         part = self.part
         return self.done or (part is not None and part.job.planner.finished)
 
@@ -246,8 +256,7 @@ class MixPlanner:
             if self.job.error_text is not None:
                 self.done = True
                 return
-            cap = self.job.start_from(self.index + 1)
-            self.index = self.job.started_index
+            cap = self.job.start_from(self.job.started_index + 1)
             if cap is not None:
                 self.stopped_first = self.stopped_first or cap
             part = self.part
@@ -319,7 +328,7 @@ class MixJob:
         self.chains: dict[str, Sequence[StageSpec]] = (
             {} if self.current is None else self.current.chains()
         )
-        self.planner = MixPlanner(self, self.started_index)
+        self.planner = MixPlanner(self)
         self.planner.stopped_first = cap
         self.planner.done = self.current is None
         self.sink = _MixSink(self)
@@ -364,7 +373,7 @@ class MixJob:
                     label,
                     usage=tokens_usage(spent) if spent else None,
                     cost_usd=float(done.get("cost_usd") or 0.0),
-                    calls=int((done.get("calls") or {}).get("issued", 0)),
+                    calls=_calls_of(done),
                 )
                 self._record(label, part, part_dir, done, None)
                 continue
@@ -405,8 +414,13 @@ class MixJob:
 
     # -- the Job contract -----------------------------------------------------------------
     def running(self, progress: bool) -> contextlib.AbstractContextManager[None]:
-        """A batched backend's batches on the console, read from each part's folder."""
-        return batch_progress(self.cfg, self.out_dir / PARTS_DIR, progress)
+        """A batched backend's batches on the console, read from the running part's folder."""
+
+        def folder() -> Path:
+            part = self.current
+            return self.out_dir if part is None else part.dir
+
+        return batch_progress(self.cfg, folder, progress)
 
     def finish(self, ledger: Ledger, stopped_by: str | None) -> JobReport:
         """Close the part still open (a stop ended it), copy every part's rows, labelled,
