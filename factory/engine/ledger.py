@@ -223,9 +223,7 @@ class Ledger:
         self._item_average(priced)
         self.sample()
 
-    def _item_average(
-        self, priced: list[tuple[float, Usage]], weight: float = 0.1
-    ) -> None:
+    def _item_average(self, priced: list[tuple[float, Usage]], weight: float = 0.1) -> None:
         """Move the average cost and tokens of an item towards this one's (its LLM rows'
         ``(cost, parsed usage)``)."""
         if not priced:

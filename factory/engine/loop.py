@@ -95,7 +95,10 @@ class Planner(Protocol):
 
     @property
     def finished(self) -> bool:
-        """Nothing more will be issued: the job has what it needs (or cannot get it)."""
+        """Nothing more will be issued: the job has what it needs (or cannot get it).
+        A planner may be finished for a while and then not (``MixPlanner``: a part is
+        done, the next starts once the part's items came back): the loop stops the
+        workers' unsent items meanwhile and resumes them."""
         ...
 
     @property
@@ -280,6 +283,12 @@ def drive(
             pool.stop(NOT_NEEDED)  # started requests finish; the rest never go out
             stop = NOT_NEEDED
         if not reorder.pending() and (stop is not None or planner.finished):
+            if stop == NOT_NEEDED and not planner.finished:
+                # the planner has more once what it issued came back (a mixed recipe's
+                # next part): the workers take items again
+                pool.resume()
+                stop = None
+                continue
             break
         results, reports = pool.poll(poll_s)
         for result in results:

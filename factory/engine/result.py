@@ -149,9 +149,13 @@ def new_manifest(cfg: Recipe, domain: dict[str, Any] | None = None) -> Manifest:
 
 def domain_summary(cfg: Recipe) -> dict[str, Any]:
     """The manifest's ``domain``: its name and every tool it offers, so the report can
-    list the tools no row called (envsim's step samples carry no tool list)."""
+    list the tools no row called (envsim's step samples carry no tool list). A recipe
+    reading several packs (a mixed recipe's parts) gets its name only: its job names its
+    parts (``MixJob``)."""
     from factory.envs.pack import load_domain
 
+    if cfg.domains() != [cfg.domain]:
+        return {"name": cfg.domain.name}
     tools = [str(t.get("name")) for t in load_domain(cfg.domain).public_tools()]
     return {"name": cfg.domain.name, "tools": sorted(tools)}
 

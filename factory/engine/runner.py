@@ -286,11 +286,7 @@ def _run_locked(
         # mixed recipe's parts included: each part's recipe is copied from ``cfg`` inside
         # the block, with the pool's endpoints)
         with serving(cfg) as served:
-            composite = registry.composite(cfg)
-            if composite is not None:
-                result = composite(out_dir, run_job=run_job, progress=progress)
-            else:
-                result = run_job(cfg, out_dir, progress=progress)
+            result = run_job(cfg, out_dir, progress=progress)
         if served is not None:
             result.manifest["serve"] = served.report()
         _final_wall_time(out_dir, result)

@@ -468,3 +468,65 @@ def test_winding_down_waits_no_longer_than_its_grace() -> None:
         assert pool.in_flight == 6
     finally:
         pool.close()
+
+
+class TwoPhases(Planner):
+    """Phase ``a`` to ``target`` (issuing ahead of it), then, once everything it issued
+    came back, phase ``b`` to ``then``: finished for a while, then not (a mixed recipe's
+    parts, ``MixPlanner``)."""
+
+    def __init__(self, target: int, then: int) -> None:
+        super().__init__(target)
+        self.then = then
+        self.phase = "a"
+        self.out = 0
+        self.b_issued = 0
+        self.issued_while_a_out = 0
+
+    @property
+    def finished(self) -> bool:
+        return (self.phase == "a" and len(self.accepted) >= self.target) or (
+            self.phase == "b" and len(self.accepted) >= self.target + self.then
+        )
+
+    def issue(self, room: int, llm_room: int) -> list[Item]:
+        if self.phase == "a":
+            n = min(room, llm_room, 2 * self.target - self.issued)  # ahead of the target
+            items = [
+                Item("a", k, "c", {"call_index": k}, llm=True)
+                for k in range(self.issued, self.issued + n)
+            ]
+            self.issued += n
+        else:
+            n = min(room, llm_room, self.then - self.b_issued)
+            k0 = self.b_issued
+            items = [
+                Item("b", k, "c", {"call_index": 1000 + k}, llm=True) for k in range(k0, k0 + n)
+            ]
+            self.b_issued += n
+        self.out += len(items)
+        return items
+
+    def wanted(self, result: ItemResult) -> bool:
+        self.out -= 1
+        return True
+
+    def observe(self, result: ItemResult) -> None:
+        if self.phase == "a" and len(self.accepted) >= self.target and self.out == 0:
+            self.phase = "b"
+
+
+def test_a_planner_finished_for_a_while_goes_on_once_its_items_came_back() -> None:
+    """The loop stops the workers' unsent items when the planner is finished with items
+    out, and resumes them when the planner has more once those came back."""
+    planner = TwoPhases(10, then=5)
+    sink = Sink(planner)
+    pool = LocalPool({"c": [(FakeLLM, (3, 0))]}, workers=2, capacity=8)
+    ledger = Ledger()
+    try:
+        stopped = drive(Declaration("toy", {}, planner, sink), pool, ledger, poll_s=0.01)
+    finally:
+        pool.close()
+    assert stopped is None and planner.phase == "b"
+    assert len(planner.accepted) == 15  # phase b's calls went out after the stop was lifted
+    assert all(r["output"] == f"row-{1000 + k}" for k, r in enumerate(sink.rows[-5:]))

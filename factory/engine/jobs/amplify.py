@@ -643,10 +643,13 @@ def batch_line(summary: dict[str, Any] | None) -> str | None:
 
 
 @contextlib.contextmanager
-def batch_progress(cfg: Recipe, out_dir: Path, enabled: bool) -> Iterator[None]:
+def batch_progress(
+    cfg: Recipe, out_dir: Path | Callable[[], Path], enabled: bool
+) -> Iterator[None]:
     """With a batched backend, print its batches' line on the console when it changes
     (checked every 5 s): rows arrive only as whole batches end, hours apart with a real
-    Batch API, so the row bar alone would look stuck."""
+    Batch API, so the row bar alone would look stuck. ``out_dir``: the folder whose
+    batches to show, or what says it each time (a mixed recipe's running part)."""
     from factory.llm.backends import get_backend
 
     if not enabled or cfg.llm is None or not get_backend(cfg.llm.backend).batched:
@@ -657,7 +660,7 @@ def batch_progress(cfg: Recipe, out_dir: Path, enabled: bool) -> Iterator[None]:
     def watch() -> None:
         last = None
         while not stop.wait(5.0):
-            line = batch_line(batch_summary(out_dir))
+            line = batch_line(batch_summary(out_dir() if callable(out_dir) else out_dir))
             if line is not None and line != last:
                 last = line
                 print(line, file=console(), flush=True)

@@ -12,7 +12,6 @@ nothing here or elsewhere reads ``pipeline`` again.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,15 @@ from factory.engine.budget import check_cost_cap_priced
 from factory.engine.jobs.amplify import AmplifyJob
 from factory.engine.jobs.curate import CurateJob
 from factory.engine.jobs.envsim import EnvsimJob
-from factory.engine.jobs.mix import check_part_seeds, run_mix
+from factory.engine.jobs.mix import MixJob, check_part_seeds
 from factory.engine.loop import Job
 from factory.engine.pipeline import check_seed_files
-from factory.engine.result import RunResult
 from factory.engine.stages.base import StageSpec
 from factory.errors import ConfigError
 from factory.io.writer import Manifest
 from factory.recipe import AmplifyRecipe, CurateRecipe, EnvsimRecipe, MixRecipe, Recipe
 
-__all__ = ["JOBS", "AddChain", "Entry", "JobFactory", "check_inputs", "composite", "declare"]
+__all__ = ["JOBS", "AddChain", "Entry", "JobFactory", "check_inputs", "declare"]
 
 #: Declares a chain the workers run from now on (``ActorPool.add_chain``).
 AddChain = Callable[[str, Sequence[StageSpec]], None]
@@ -52,6 +50,10 @@ def _amplify(cfg: AmplifyRecipe, out_dir: Path, manifest: Manifest, add_chain: A
 
 def _envsim(cfg: EnvsimRecipe, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
     return EnvsimJob(cfg, out_dir, manifest)
+
+
+def _mix(cfg: MixRecipe, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
+    return MixJob(cfg, out_dir, manifest, add_chain)
 
 
 def _seeds(cfg: CurateRecipe, out_dir: Path) -> None:
@@ -75,13 +77,10 @@ def _nothing(cfg: EnvsimRecipe, out_dir: Path) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """One job kind: a job of the one loop (``job``), or a job that runs such jobs of its
-    own (``composite``: a mixed recipe runs one amplify job per part), and the check of
-    its inputs."""
+    """One job kind: its job of the one loop, and the check of its inputs."""
 
     check_inputs: InputCheck
-    job: JobFactory | None = None
-    composite: Callable[..., RunResult] | None = None
+    job: JobFactory
 
 
 #: The job of each recipe type. The factories and checks take their own type: the key is
@@ -90,7 +89,7 @@ JOBS: dict[type[Recipe], Entry] = {
     CurateRecipe: Entry(_seeds, job=_curate),
     AmplifyRecipe: Entry(_seeds_and_prices, job=_amplify),
     EnvsimRecipe: Entry(_nothing, job=_envsim),
-    MixRecipe: Entry(_parts_and_prices, composite=run_mix),
+    MixRecipe: Entry(_parts_and_prices, job=_mix),
 }
 
 
@@ -107,23 +106,10 @@ def check_inputs(cfg: Recipe, out_dir: Path) -> None:
     _entry(cfg).check_inputs(cfg, out_dir)
 
 
-def composite(cfg: Recipe) -> Callable[..., RunResult] | None:
-    """How a recipe whose job runs other jobs is run (a mixed recipe), bound to ``cfg``
-    (called with the output folder, ``run_job`` and ``progress``), or None: its job is
-    one of the loop (``declare``)."""
-    run = _entry(cfg).composite
-    return None if run is None else functools.partial(run, cfg)
-
-
 def declare(cfg: Recipe, out_dir: Path, manifest: Manifest, add_chain: AddChain) -> Job:
     """The job ``cfg`` declares, writing into ``out_dir``.
 
     Raises:
-        ConfigError: the recipe's kind runs other jobs (``composite``), or no job runs it.
+        ConfigError: no job runs the recipe's type.
     """
-    factory = _entry(cfg).job
-    if factory is None:
-        raise ConfigError(
-            f"a {type(cfg).__name__} runs a job per part, not one job", key_path="parts"
-        )
-    return factory(cfg, out_dir, manifest, add_chain)
+    return _entry(cfg).job(cfg, out_dir, manifest, add_chain)

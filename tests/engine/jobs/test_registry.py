@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from factory.engine.jobs import registry
-from factory.engine.jobs.mix import run_mix
+from factory.engine.jobs.mix import MixJob
+from factory.engine.result import new_manifest
 from factory.errors import ConfigError
 from factory.recipe import AmplifyRecipe, CurateRecipe, EnvsimRecipe, MixRecipe, load_recipe
 from tests.conftest import ROOT
@@ -27,18 +28,35 @@ from tests.conftest import ROOT
 def test_each_shipped_recipe_has_the_job_of_its_kind(recipe: str, kind: type) -> None:
     cfg = load_recipe(ROOT / "pipelines" / recipe)
     assert type(cfg) is kind
-    entry = registry.JOBS[kind]
-    assert (entry.job is None) == (kind is MixRecipe)
-    bound = registry.composite(cfg)
-    assert (bound.func if bound is not None else None) is (run_mix if kind is MixRecipe else None)  # type: ignore[attr-defined]
+    assert set(registry.JOBS) == {AmplifyRecipe, MixRecipe, CurateRecipe, EnvsimRecipe}
+    assert callable(registry.JOBS[kind].job)
 
 
-def test_a_mixed_recipe_is_not_declared_as_one_job(tmp_path: Path) -> None:
-    """Its parts run as jobs of their own (``run_mix``): declaring it whole is refused."""
-    cfg = load_recipe(ROOT / "pipelines" / "mixed.yaml")
+def test_a_mixed_recipe_is_one_job_of_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its parts run inside one job (``MixJob``): the first part's chains under its own
+    names, the run-wide caps, its part folder prepared; later parts start as it runs."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # declaring opens no connection
+    cfg = load_recipe(ROOT / "pipelines" / "mixed.yaml", ["amplify.max_calls=1000"])
+    chains: list[str] = []
+    job = registry.declare(
+        cfg, tmp_path, new_manifest(cfg), lambda name, specs: chains.append(name)
+    )
+    assert isinstance(job, MixJob) and job.pipeline == "amplify"
+    assert list(job.chains) == ["seeds/airline"] and chains == []
+    assert job.caps.max_calls == 1000
+    assert not job.planner.finished
+    assert (tmp_path / "parts" / "airline").is_dir() and not (
+        tmp_path / "parts" / "retail"
+    ).exists()
+
+
+def test_an_unknown_recipe_type_is_refused(tmp_path: Path) -> None:
+    cfg = load_recipe(ROOT / "pipelines" / "airline.yaml")
     with pytest.raises(ConfigError) as info:
-        registry.declare(cfg, tmp_path, None, lambda name, specs: None)  # type: ignore[arg-type]
-    assert info.value.key_path == "parts"
+        registry.declare(object(), tmp_path, new_manifest(cfg), lambda name, specs: None)  # type: ignore[arg-type]
+    assert info.value.key_path == "pipeline"
 
 
 def test_the_runner_tells_no_job_kind_apart_and_reads_nothing_off_a_job() -> None:
