@@ -183,7 +183,7 @@ def test_amplify_without_defects_hits_target_exactly(ray_session, devserver, tmp
     assert abs(amp.calls - issued) / issued <= 0.15
     pre = next(s for s in plan.stages if s.stage == "prefilter")
     real_prompt = manifest["tokens"]["prompt_tokens"]
-    planned_prompt = amp.prompt_tokens * issued / amp.calls + pre.prompt_tokens
+    planned_prompt = amp.input_tokens * issued / amp.calls + pre.input_tokens
     assert abs(planned_prompt - real_prompt) / real_prompt <= 0.15
     # The static prompt prefix is shared by every call and reported.
     assert manifest["prompt_cache"]["static_prefix_share"] > 0.5

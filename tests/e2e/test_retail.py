@@ -37,15 +37,21 @@ def test_mixed_recipe_fills_each_domain_quota_and_labels_rows(
 ) -> None:
     server = devserver(seed=4)
     out = tmp_path / "out"
-    cfg = recipe(
-        "mixed.yaml",
-        out,
-        *dev_overrides(server.url, target=30),
-        "parts.0.quota=12",
-        "parts.1.quota=18",
-    )
+    overrides = [*dev_overrides(server.url, target=30), "parts.0.quota=12", "parts.1.quota=18"]
+    cfg = recipe("mixed.yaml", out, *overrides)
+    # First under a run-wide call cap that the airline part's judge and calls leave the
+    # retail part too little of: one job, one ledger, so retail stops at the cap.
+    capped = run(recipe("mixed.yaml", out, *overrides, "amplify.max_calls=80"), out, progress=False)
+    assert capped.stopped_by == "max_calls"
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["calls"]["issued"] <= 80  # every stage's calls of every part, capped once
+    assert first["parts"]["airline"]["rows"] == 12
+    assert first["parts"]["retail"]["stopped_by"] == "max_calls"
+    airline = (out / "parts" / "airline" / "manifest.json").read_bytes()
+    # Then without the cap: the finished part is reused as it is, the other resumes.
     result = run(cfg, out, progress=False)
     assert result.exit_code == 0
+    assert (out / "parts" / "airline" / "manifest.json").read_bytes() == airline
     rows = read_rows(out)
     by_domain = Counter(json.loads(r["meta"])["domain"] for r in rows)
     assert by_domain == {"airline": 12, "retail": 18}

@@ -472,7 +472,7 @@ def collect_rows(
 
 
 def drive_calls(
-    cfg: Recipe,
+    cfg: AmplifyRecipe,
     kept: dict[str, str],
     n: int,
     ledger: Any,
@@ -483,11 +483,11 @@ def drive_calls(
     one driver loop on in-process workers, with ``ledger``'s caps; the rows, in order."""
     from factory.engine.loop import Bar, Declaration, drive
     from factory.engine.pool import LocalPool
+    from factory.engine.rows import Fate, Status
+    from factory.engine.settings import amplify_settings, postprocess_settings
     from factory.engine.stages.amplify import build_amplify, seed_order
     from factory.engine.stages.postprocess import build_postprocess
     from factory.engine.work import Item, ItemResult
-
-    assert cfg.amplify is not None
 
     class Calls:
         def __init__(self) -> None:
@@ -526,12 +526,16 @@ def drive_calls(
         def arrived(self, result: ItemResult) -> None:
             pass
 
-        def add(self, row: dict[str, Any]) -> str:
+        def add(self, row: dict[str, Any], stream: str) -> Fate:
             rows.append(row)
-            return "accepted" if row["status"] == "ok" else "rejected"
+            return Fate.ACCEPTED if row["status"] == Status.OK else Fate.REJECTED
 
     order = seed_order(list(kept), cfg.amplify.seed)
-    chain = [(build_amplify, (cfg, stage_settings(cfg), kept, order)), (build_postprocess, (cfg,))]
+    domain = load_domain(cfg.domain)  # once, as the job does: the specs carry it
+    chain = [
+        (build_amplify, (stage_settings(cfg), amplify_settings(cfg), domain, kept, order)),
+        (build_postprocess, (postprocess_settings(cfg), domain, kept)),
+    ]
     pool = LocalPool({"calls": chain}, workers=1, capacity=max(1, n))
     try:
         drive(Declaration("calls", {}, Calls(), Keep(), reserve=reserve), pool, ledger, poll_s=0.05)
