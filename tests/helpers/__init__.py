@@ -220,9 +220,10 @@ def prefilter_stage(cfg: Recipe) -> Any:
 def postprocess_stage(cfg: AmplifyRecipe, seeds: dict[str, str] | None = None) -> Any:
     """The real post-processing stage of ``cfg``, built as a worker does."""
     from factory.engine.settings import postprocess_settings
-    from factory.engine.stages.postprocess import PostprocessStage
+    from factory.engine.stages.postprocess import PostprocessStage, seed_systems
 
-    return PostprocessStage(postprocess_settings(cfg), load_domain(cfg.domain), seeds)
+    domain = load_domain(cfg.domain)
+    return PostprocessStage(postprocess_settings(cfg), domain, seed_systems(domain, seeds or {}))
 
 
 def seed_check_stage(cfg: Recipe) -> Any:
@@ -486,7 +487,7 @@ def drive_calls(
     from factory.engine.rows import Fate, Status
     from factory.engine.settings import amplify_settings, postprocess_settings
     from factory.engine.stages.amplify import build_amplify, seed_order
-    from factory.engine.stages.postprocess import build_postprocess
+    from factory.engine.stages.postprocess import build_postprocess, seed_systems
     from factory.engine.work import Item, ItemResult
 
     class Calls:
@@ -534,7 +535,7 @@ def drive_calls(
     domain = load_domain(cfg.domain)  # once, as the job does: the specs carry it
     chain = [
         (build_amplify, (stage_settings(cfg), amplify_settings(cfg), domain, kept, order)),
-        (build_postprocess, (postprocess_settings(cfg), domain, kept)),
+        (build_postprocess, (postprocess_settings(cfg), domain, seed_systems(domain, kept))),
     ]
     pool = LocalPool({"calls": chain}, workers=1, capacity=max(1, n))
     try:

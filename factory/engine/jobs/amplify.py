@@ -58,7 +58,7 @@ from factory.engine.settings import (
 )
 from factory.engine.stages.amplify import amplify_template, build_amplify, seed_order
 from factory.engine.stages.base import StageSpec
-from factory.engine.stages.postprocess import build_postprocess
+from factory.engine.stages.postprocess import build_postprocess, seed_systems
 from factory.engine.stages.prefilter import build_prefilter
 from factory.engine.work import Item, ItemResult
 from factory.envs.pack import Domain
@@ -456,7 +456,10 @@ class AmplifyJob(Declaration):
                     build_amplify,
                     (self.llm_settings["amplify"], amplify_settings(cfg), domain, kept, order),
                 ),
-                (build_postprocess, (postprocess_settings(cfg), domain, kept)),
+                (
+                    build_postprocess,
+                    (postprocess_settings(cfg), domain, seed_systems(domain, kept)),
+                ),
             ]
             add_chain("calls", spec)
             planner.clock["calls_started"] = _now()

@@ -41,7 +41,7 @@ from factory.envs.pack import Domain
 from factory.envsim.grounding import apply_mode, replay
 from factory.errors import RepairError
 
-__all__ = ["PostprocessStage", "deployment_system_prompt"]
+__all__ = ["PostprocessStage", "deployment_system_prompt", "seed_systems"]
 
 _HERMES_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -85,16 +85,12 @@ class PostprocessStage(Stage):
         self,
         settings: PostprocessSettings,
         domain: Domain,
-        seeds: Mapping[str, str] | None = None,
+        systems: Mapping[str, str] | None = None,
     ):
         self.domain = domain
         self.format = settings.system_prompt_format
         # A pack without a policy: each row keeps the system prompt of its own seed.
-        self.seed_systems = (
-            {sid: Trajectory.from_json(rec).system for sid, rec in (seeds or {}).items()}
-            if not self.domain.policy.strip()
-            else {}
-        )
+        self.seed_systems = dict(systems or {})
         self.reasoning = settings.reasoning
         grounding = settings.grounding
         self.mode = grounding.mode if grounding else None
@@ -171,9 +167,21 @@ class PostprocessStage(Stage):
         return row
 
 
+def seed_systems(domain: Domain, seeds: Mapping[str, str]) -> dict[str, str]:
+    """On the driver: the system prompt of each kept seed (seed id -> record JSON) when the
+    pack has no policy (each row then keeps its own seed's), else nothing.
+
+    Why on the driver: the stage needs these prompts, not the records; sending only them
+    keeps the post-processing spec at the size of the domain (airline: 20 kB, not the
+    937 kB of the kept seeds that the amplification spec carries anyway)."""
+    if domain.policy.strip():
+        return {}
+    return {sid: Trajectory.from_json(rec).system for sid, rec in seeds.items()}
+
+
 def build_postprocess(
-    settings: PostprocessSettings, domain: Domain, seeds: Mapping[str, str] | None = None
+    settings: PostprocessSettings, domain: Domain, systems: Mapping[str, str] | None = None
 ) -> PostprocessStage:
-    """Inside an actor: the stage over the domain the driver loaded; ``seeds`` (seed id ->
-    record JSON) give a pack without a policy the seeds' own system prompts."""
-    return PostprocessStage(settings, domain, seeds)
+    """Inside an actor: the stage over the domain the driver loaded; ``systems`` (seed id
+    -> system prompt, ``seed_systems``) give a pack without a policy the seeds' own."""
+    return PostprocessStage(settings, domain, systems)

@@ -190,3 +190,30 @@ def test_a_broken_text_action_completion_is_rejected_with_its_code() -> None:
     out = stage.run_one(make_row(completion=text, seed_id="s", source="s#0", call_index=0))
     assert (out["status"], out["reason"]) == ("rejected", "unknown_action")
     assert out["raw"] == text
+
+
+def test_a_pack_without_a_policy_keeps_each_seeds_system_prompt_sent_as_prompts_only() -> None:
+    """Issue 34: the post-processing spec carries the kept seeds' system prompts (only for a
+    pack without a policy), not their records; each row keeps its own seed's."""
+    import dataclasses
+
+    from factory.core.formats import parse_record
+    from factory.engine.settings import postprocess_settings
+    from factory.engine.stages.postprocess import PostprocessStage, seed_systems
+    from factory.envs.pack import load_domain
+
+    cfg = load_recipe(ROOT / "pipelines/airline.yaml")
+    line = (ROOT / "seeds/airline/seeds.jsonl").read_text().splitlines()[0]
+    seed = parse_record(json.loads(line), source="s:0")
+    seed.system = "You are the airline's own agent, as this seed says."
+    domain = load_domain(cfg.domain)
+    assert seed_systems(domain, {seed.id: seed.to_json()}) == {}  # a policy: it rules
+    bare = dataclasses.replace(domain, policy="")
+    systems = seed_systems(bare, {seed.id: seed.to_json()})
+    assert systems == {seed.id: seed.system}
+    stage = PostprocessStage(postprocess_settings(cfg), bare, systems)
+    completion = postprocess_completions(1, recipe=ROOT / "pipelines/airline.yaml", seed=3)[0]
+    row = make_row(id="c0", completion=completion, seed_id=seed.id, source="s:0#0")
+    out = stage.run_one(row)
+    assert out["status"] == "ok", out.get("message")
+    assert seed.system in training_row(out)["system"]
