@@ -180,3 +180,13 @@ def test_recipe_paths_resolve_against_the_recipe_or_the_shipped_files(tmp_path: 
         cfg.resolve("factory:prompts/../setup.py")
     with pytest.raises(ConfigError, match="shipped folders: pipelines, prompts, filters, seeds"):
         cfg.resolve("factory:docs/x.md")
+
+
+def test_a_path_no_system_can_open_names_its_key(tmp_path: Path) -> None:
+    """Paths are resolved at load (issue 34): one the system refuses (a NUL byte, found by
+    the fuzz test) is a recipe error naming its key, not a crash."""
+    data = yaml.safe_load((ROOT / "pipelines" / "airline.yaml").read_text())
+    data["domain"]["tools"] = "tools\x00.json"
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, data))
+    assert info.value.key_path == "domain.tools" and "not a usable path" in str(info.value)

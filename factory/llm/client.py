@@ -173,8 +173,9 @@ class LLMClient:
         client_factory: builds the transport per endpoint (the backend's; tests pass
             their own); an SDK's own retries must be off.
         sleep: awaited for backoff delays (tests inject a recorder).
-        before_send: called before a hedge goes out; raises when none may (the engine
-            passes its driver watch: no request once the driver is gone).
+        before_send: called before each attempt (once it holds its slot) and each hedge
+            goes out; raises when none may (the engine passes its driver watch: no
+            request once the driver is gone).
         rng: jitter source.
         clock: monotonic seconds for latency.
 
@@ -292,6 +293,14 @@ class LLMClient:
             nonlocal sent
             await self._wait_for_endpoint(give_up_at)
             await self.limiter.acquire()
+            if self._before_send is not None:
+                # Again here, not only when the row was admitted: waiting for a slot or an
+                # endpoint can outlast the driver (its kill -9 on a loaded machine).
+                try:
+                    self._before_send()
+                except BaseException:
+                    await self.limiter.release()
+                    raise
             loop = asyncio.get_running_loop()
             sent_at = loop.time()
             sent += 1

@@ -75,6 +75,8 @@ def resolve_paths(cfg: RecipeBase, base_dir: Path) -> None:
             return str(cfg.resolve(text))
         except ConfigError as exc:
             raise ConfigError(str(exc), key_path=key) from exc
+        except (ValueError, OSError) as exc:  # a NUL byte, a name too long for the system
+            raise ConfigError(f"not a usable path: {text!r} ({exc})", key_path=key) from exc
 
     for loc, section, name in _path_fields(cfg):
         value = getattr(section, name)

@@ -489,11 +489,32 @@ def test_no_hedge_goes_out_once_the_driver_is_gone() -> None:
     class DriverGone(Exception):
         pass
 
-    def gone() -> None:
-        raise DriverGone
-
     sdk = ScriptedSDK(HANG, "never sent")
+
+    def gone() -> None:  # the driver dies once the first attempt is on the wire
+        if sdk.calls:
+            raise DriverGone
+
     c = client(sdk, deadline=warmed(floor_s=30.0, hedge_share=1.0), before_send=gone)
     with pytest.raises(DriverGone):
         complete(c, guard_s=20.0)
     assert sdk.calls == 1 and sdk.cancelled == 1  # the first attempt is cancelled too
+
+
+def test_an_attempt_that_waited_for_its_slot_is_not_sent_once_the_driver_is_gone() -> None:
+    """The driver watch is read again when an attempt holds its slot (waiting for one can
+    outlast the driver, as a kill -9 on a loaded machine showed), and the slot is given
+    back."""
+
+    class DriverGone(Exception):
+        pass
+
+    def gone() -> None:
+        raise DriverGone
+
+    sdk = ScriptedSDK("never sent")
+    c = client(sdk, before_send=gone, concurrency=1)
+    with pytest.raises(DriverGone):
+        complete(c, guard_s=20.0)
+    assert sdk.calls == 0
+    assert c.limiter.in_flight == 0  # the slot was given back
