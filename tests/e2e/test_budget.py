@@ -132,10 +132,13 @@ def test_a_run_whose_calls_all_fail_exits_incomplete_not_0(
 ) -> None:
     server = devserver(seed=54, defects={"server_error": 1.0})
     out = tmp_path / "o"
+    # Target 20: its first calls (20 in a row without a row end the run) go out and fail
+    # together; a smaller target trickles them through the endpoint breaker's doubling
+    # cooldowns (1 s to 30 s), 63-153 s of waiting for the same promise.
     cfg = recipe(
         "airline.yaml",
         out,
-        *dev_overrides(server.url, target=5),
+        *dev_overrides(server.url, target=20),
         "prefilter.enabled=false",
         "llm.retry.max_attempts=1",
     )

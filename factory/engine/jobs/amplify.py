@@ -401,7 +401,8 @@ def amplify_workers(cfg: AmplifyRecipe) -> Workers:
     Three times the slots left fewer slots idle in the peer benchmark's S1 (16 against 20
     idle slot-seconds in the middle of a 10 s run, noisy), but a run whose every call
     fails then took 139 s instead of 42 s to stop
-    (``tests/e2e/test_budget.py::test_a_run_whose_calls_all_fail_exits_incomplete_not_0``):
+    (``tests/e2e/test_budget.py::test_a_run_whose_calls_all_fail_exits_incomplete_not_0``
+    with ``amplify.target=5``, as it was until 2026-11-28):
     each queued item still goes through its failure. Kept at twice (2026-11-26)."""
     slots = per_actor_concurrency(cfg)
     return Workers(capacity=2 * slots, slots=slots)
