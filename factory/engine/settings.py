@@ -43,7 +43,6 @@ __all__ = [
     "amplify_settings",
     "cache_location",
     "export_settings",
-    "llm_slots",
     "llm_stages",
     "per_actor_concurrency",
     "postprocess_settings",
@@ -151,13 +150,6 @@ class LLMStageSettings:
 def per_actor_concurrency(cfg: AmplifyRecipe | MixRecipe) -> int:
     """Per-actor request slots such that all actors together respect ``llm.concurrency``."""
     return _slots(cfg.llm, cfg.ray.actors)
-
-
-def llm_slots(cfg: Recipe) -> int | None:
-    """Request slots per worker of a job whose stream is LLM calls (``calls_llm``), else
-    None (its workers run CPU items)."""
-    llm = cfg.llm if cfg.calls_llm else None
-    return _slots(llm, cfg.ray.actors) if llm is not None else None
 
 
 def _slots(llm: LLMConfig, actors: int) -> int:
