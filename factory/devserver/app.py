@@ -37,7 +37,7 @@ from aiohttp import web
 from factory.devserver import batches, grounded, roles, simulate, textaction
 from factory.errors import ConfigError
 
-__all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects"]
+__all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
 
 HOST = "127.0.0.1"
 TRANSPORT_DEFECTS: tuple[str, ...] = ("rate_limit", "server_error", "stall")
@@ -619,6 +619,18 @@ def _complete(
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
+    return await serve_chat(request, None)
+
+
+async def serve_chat(request: web.Request, body: bytes | None) -> web.StreamResponse:
+    """Answer one chat-completions request: ``body`` (its JSON bytes), or the request's own
+    body when ``None``.
+
+    Why a function of the body: the other wire formats the server speaks (Anthropic
+    Messages, Gemini generateContent: ``factory.devserver.anthropic``, ``.gemini``)
+    translate their request into a chat-completions body, answer it here (defects,
+    queueing, latency, content and prefix-cache accounting are one implementation) and
+    translate the answer back."""
     arrived = time.monotonic()
     received = time.time()
     # Let every request that arrived in the same instant start its clock before this one
@@ -633,7 +645,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if state.config.fail_after is not None and state.counts["requests"] > state.config.fail_after:
         state.die()
         await _drop(transport)
-    body = await request.read()
+    if body is None:
+        body = await request.read()
     try:
         payload = json.loads(body)
     except ValueError:
@@ -803,6 +816,8 @@ def build_app(config: DevServerConfig) -> web.Application:
     app.router.add_post("/admin/stop", _admin_stop)
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
+    # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
+    # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app

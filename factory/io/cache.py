@@ -567,8 +567,12 @@ def _restore(location: Location, args: dict[str, Any]) -> ResponseCache:
 
 def completion_to_record(c: Completion) -> dict[str, Any]:
     """The cache record of a completion: every ``Completion`` field, its ``usage`` as the
-    five neutral counts (``Usage.as_dict``), its tool calls as mappings."""
-    return asdict(c)
+    five neutral counts (``Usage.as_dict``), its tool calls as mappings. Not the provider's
+    rate-limit budget: it said how full the provider was then, which a replay must not
+    pace by."""
+    record = asdict(c)
+    del record["rate_limits"]
+    return record
 
 
 # The counts of a neutral usage record; a record without any is an older one.
@@ -588,7 +592,7 @@ def completion_from_record(record: Mapping[str, Any]) -> Completion:
     from factory.llm.types import Completion, ToolCall, Usage
 
     names = {f.name for f in fields(Completion)}
-    missing = sorted(names - set(record) - {"finish_reason", "retries", "tool_calls"})
+    missing = sorted(names - set(record) - {"finish_reason", "retries", "tool_calls", "rate_limits"})
     if missing:
         raise ValueError(f"cache record lacks {missing}")
     values = {k: v for k, v in record.items() if k in names}
@@ -600,6 +604,7 @@ def completion_from_record(record: Mapping[str, Any]) -> Completion:
 
         values["usage"] = usage_from_openai(raw)
     values["tool_calls"] = tuple(ToolCall(**call) for call in values.get("tool_calls") or ())
+    values.pop("rate_limits", None)
     return Completion(**values)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 __all__ = [
     "Completion",
     "Message",
+    "RateLimits",
     "Request",
     "Role",
     "Tool",
@@ -87,6 +88,31 @@ class Usage:
 
 
 _FIELDS = ("input", "cached_input", "cache_write", "output", "reasoning")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """What a provider said, with an answer, about its rate-limit budget (issue 35, point 5).
+
+    Wire-neutral: each backend reads its provider's headers (OpenAI's
+    ``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``) into this, and the client's
+    pacer reads only this. ``None`` means the provider did not say (a vLLM server sends
+    no budget: the adaptive limiter alone then paces). Reset times are seconds from when
+    the answer arrived until the budget is full again (a provider's absolute time or a
+    duration such as ``6m0s`` is converted by its backend).
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset_s: float | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset_s: float | None = None
+
+    @property
+    def known(self) -> bool:
+        """Whether the provider said anything about its budget."""
+        return self.requests_remaining is not None or self.tokens_remaining is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +229,8 @@ class Completion:
             in OpenAI's words (a backend maps its provider's stop reasons to them).
         retries: retried attempts of this request by reason (``llm_rate_limited`` ...).
         tool_calls: the tool calls the answer makes (native tool use), else empty.
+        rate_limits: the provider's rate-limit budget as its answer's headers stated it
+            (``None``: it stated none).
     """
 
     text: str
@@ -217,3 +245,4 @@ class Completion:
     finish_reason: str | None = None
     retries: Mapping[str, int] = field(default_factory=dict)
     tool_calls: tuple[ToolCall, ...] = ()
+    rate_limits: RateLimits | None = None

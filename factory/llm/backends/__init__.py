@@ -1,10 +1,13 @@
 """The LLM backend registry: ``llm.backend`` name -> backend module and config model.
 
-Adding a backend is one module that exports ``plugin`` (a
-:class:`~factory.llm.backends.base.BackendPlugin`: name, config model, ``build``)
-and one line in :data:`BUILTIN_BACKENDS`. A backend in another package needs no
-line here: it declares the same ``module:plugin`` string in the
-``factory.llm_backends`` entry point group of its ``pyproject.toml``::
+Adding a provider is one module in this package (issue 35, point 7): a module that
+defines ``plugin`` (a :class:`~factory.llm.backends.base.BackendPlugin`: name, config
+model, ``build``) is the backend of its own name, and one that also defines
+``batch_plugin`` is the backend ``<module>_batch`` too (its provider's batch API, in the
+same module as its wire format). The built-ins are found from the package's files
+(:func:`builtin_backends`), without importing them. A backend in another package
+declares the same ``module:plugin`` string in the ``factory.llm_backends`` entry point
+group of its ``pyproject.toml``::
 
     [project.entry-points."factory.llm_backends"]
     mybatch = "mypackage.backend:plugin"
@@ -17,7 +20,10 @@ tests).
 
 from __future__ import annotations
 
+import pkgutil
+import re
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError as PydanticValidationError
@@ -53,6 +59,7 @@ __all__ = [
     "available_backends",
     "backend_options",
     "build_backend",
+    "builtin_backends",
     "get_backend",
     "register_backend",
     "reset_registry",
@@ -60,13 +67,28 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "factory.llm_backends"
 
-# The registry lines of the built-in backends, in entry point syntax.
-BUILTIN_BACKENDS: dict[str, str] = {
-    "aiohttp": "factory.llm.backends.aiohttp:plugin",
-    "openai": "factory.llm.backends.openai:plugin",
-    "openai_batch": "factory.llm.backends.openai_batch:plugin",
-    "ray_data": "factory.llm.backends.ray_data:plugin",
-}
+_DEFINES = re.compile(r"^(plugin|batch_plugin)\s*[:=]", re.M)
+
+
+def builtin_backends() -> dict[str, str]:
+    """The built-in backends' registry lines (entry point syntax), from the package's
+    files: a module (or subpackage) defining ``plugin`` at top level is the backend of its
+    name, one defining ``batch_plugin`` also ``<name>_batch``. Read as text, so listing
+    the backends imports no SDK."""
+    here = Path(__file__).parent
+    found: dict[str, str] = {}
+    for info in sorted(pkgutil.iter_modules([str(here)]), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        path = here / info.name / "__init__.py" if info.ispkg else here / f"{info.name}.py"
+        module = f"{__name__}.{info.name}"
+        for attr in _DEFINES.findall(path.read_text(encoding="utf-8")):
+            name = info.name if attr == "plugin" else f"{info.name}_batch"
+            found[name] = f"{module}:{attr}"
+    return found
+
+
+BUILTIN_BACKENDS: dict[str, str] = builtin_backends()
 
 _REGISTRY = PluginRegistry(
     ENTRY_POINT_GROUP, "backend", "llm.backend", BackendPlugin, BUILTIN_BACKENDS
