@@ -592,7 +592,9 @@ def completion_from_record(record: Mapping[str, Any]) -> Completion:
     from factory.llm.types import Completion, ToolCall, Usage
 
     names = {f.name for f in fields(Completion)}
-    missing = sorted(names - set(record) - {"finish_reason", "retries", "tool_calls", "rate_limits"})
+    missing = sorted(
+        names - set(record) - {"finish_reason", "retries", "tool_calls", "rate_limits"}
+    )
     if missing:
         raise ValueError(f"cache record lacks {missing}")
     values = {k: v for k, v in record.items() if k in names}

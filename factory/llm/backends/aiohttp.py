@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from factory.llm.backends.base import Backend, BackendOptions, BackendPlugin, BackendSetup
+from factory.llm.backends.base import (
+    OPENAI_CACHE,
+    Backend,
+    BackendOptions,
+    BackendPlugin,
+    BackendSetup,
+)
 from factory.llm.backends.online import ClientBackend, build_llm_client
 from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
 from factory.llm.http import HTTPChatClient
@@ -53,4 +59,4 @@ def build(setup: BackendSetup) -> Backend:
     return ClientBackend(build_llm_client(setup, aiohttp_transport))
 
 
-plugin = BackendPlugin("aiohttp", AiohttpOptions, build)
+plugin = BackendPlugin("aiohttp", AiohttpOptions, build, cache=OPENAI_CACHE)

@@ -49,11 +49,13 @@ if TYPE_CHECKING:
     from factory.recipe import LLMConfig
 
 __all__ = [
+    "OPENAI_CACHE",
     "Backend",
     "BackendOptions",
     "BackendPlugin",
     "BackendSetup",
     "BatchJournal",
+    "CacheTerms",
     "LLMRequest",
     "LLMResult",
     "OnlineBackend",
@@ -189,6 +191,33 @@ class OnlineBackend(Backend):
 
 
 @dataclass(frozen=True)
+class CacheTerms:
+    """How a provider caches the static prefix of a prompt, as its docs state: what the
+    plan's cost estimate assumes (issue 35, point 4). Prices are the price table's; these
+    are the rules that decide which tokens get them.
+
+    Attributes:
+        min_tokens: the shortest prefix the provider caches (shorter: no cache at all).
+        ttl_s: how long an unused prefix stays cached (a run's first call, and a call after
+            a pause this long, writes it again).
+        marked: the prefix is cached only where the request marks it (Anthropic's
+            ``cache_control``); False: automatically (OpenAI, Gemini's implicit cache).
+        explicit_cache: the backend can hold the prefix in an explicit context cache
+            (Gemini's ``cachedContents``), billed per token-hour of storage.
+    """
+
+    min_tokens: int = 1024
+    ttl_s: float = 300.0
+    marked: bool = False
+    explicit_cache: bool = False
+
+
+# OpenAI's automatic prompt caching: prefixes of 1,024 tokens and more, kept 5-10 minutes
+# of inactivity (https://platform.openai.com/docs/guides/prompt-caching).
+OPENAI_CACHE = CacheTerms(min_tokens=1024, ttl_s=300.0)
+
+
+@dataclass(frozen=True)
 class BackendPlugin:
     """A backend as the registry knows it (what a backend module exports as ``plugin``).
 
@@ -197,9 +226,12 @@ class BackendPlugin:
         options: its config model; ``llm.backend_options`` is validated against it.
         build: makes the backend for one actor and model.
         batched: its backends take batches (priced at the Batch tier, given a journal).
+        cache: how its provider caches a prompt's static prefix; ``None``: no provider
+            cache the run pays less for (a local server's prefix cache is free anyway).
     """
 
     name: str
     options: type[BackendOptions]
     build: Callable[[BackendSetup], Backend]
     batched: bool = False
+    cache: CacheTerms | None = None

@@ -13,7 +13,13 @@ from typing import Any
 
 import openai
 
-from factory.llm.backends.base import Backend, BackendOptions, BackendPlugin, BackendSetup
+from factory.llm.backends.base import (
+    OPENAI_CACHE,
+    Backend,
+    BackendOptions,
+    BackendPlugin,
+    BackendSetup,
+)
 from factory.llm.backends.online import ClientBackend, build_llm_client
 from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
 from factory.llm.pool import Endpoint
@@ -67,4 +73,4 @@ def build(setup: BackendSetup) -> Backend:
     return ClientBackend(build_llm_client(setup, sdk_transport))
 
 
-plugin = BackendPlugin("openai", OpenAIOptions, build)
+plugin = BackendPlugin("openai", OpenAIOptions, build, cache=OPENAI_CACHE)

@@ -43,6 +43,7 @@ from pydantic import Field
 
 from factory.errors import ConfigError, LLMError, LLMServerError
 from factory.llm.backends.base import (
+    OPENAI_CACHE,
     Backend,
     BackendOptions,
     BackendPlugin,
@@ -501,4 +502,4 @@ def build(setup: BackendSetup) -> Backend:
     )
 
 
-plugin = BackendPlugin("openai_batch", BatchOptions, build, batched=True)
+plugin = BackendPlugin("openai_batch", BatchOptions, build, batched=True, cache=OPENAI_CACHE)
