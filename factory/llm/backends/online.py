@@ -17,9 +17,22 @@ from factory.llm.pool import Endpoint, EndpointPool
 from factory.llm.retry import RetryPolicy
 from factory.llm.types import Completion, Request
 
-__all__ = ["DEFAULT_HEDGE_SHARE", "ClientBackend", "build_llm_client"]
+__all__ = ["DEFAULT_HEDGE_SHARE", "ClientBackend", "build_llm_client", "recipe_endpoints"]
 
 DEFAULT_HEDGE_SHARE = 0.02  # llm.deadline.hedge_share when every endpoint is on this machine
+
+
+def recipe_endpoints(setup: BackendSetup, default: Endpoint | None = None) -> list[Endpoint]:
+    """The endpoints the recipe names; ``default`` (a provider's own API and key variable)
+    where the recipe names none: ``llm.endpoints`` defaults to OpenAI's API, which is not
+    where a recipe that says ``llm.backend: anthropic`` and nothing else means to go."""
+    llm = setup.llm
+    if default is not None and "endpoints" not in llm.model_fields_set:
+        return [default]
+    return [
+        Endpoint(base_url=e.base_url, api_key_env=e.api_key_env, weight=e.weight)
+        for e in llm.endpoints
+    ]
 
 
 def build_llm_client(
@@ -28,19 +41,14 @@ def build_llm_client(
     endpoints: list[Endpoint] | None = None,
 ) -> LLMClient:
     """An ``LLMClient`` for ``setup.model`` over the recipe's endpoints (one per actor), or
-    over ``endpoints`` (a backend whose requests reach no URL names its own).
+    over ``endpoints`` (a backend whose requests reach no URL, or a provider's own API
+    where the recipe names none: :func:`recipe_endpoints`).
 
     Raises:
         ConfigError: bad sampling options, a missing key (naming its variable) ...
     """
     llm = setup.llm
-    pool = EndpointPool(
-        endpoints
-        or [
-            Endpoint(base_url=e.base_url, api_key_env=e.api_key_env, weight=e.weight)
-            for e in llm.endpoints
-        ]
-    )
+    pool = EndpointPool(endpoints or recipe_endpoints(setup))
     hedge_share = llm.deadline.hedge_share
     if hedge_share is None:  # hedge where a cancelled request costs nothing
         hedge_share = DEFAULT_HEDGE_SHARE if all(e.is_local for e in pool.endpoints) else 0.0
