@@ -1,0 +1,1 @@
+"""Cohere's v2 Chat API as a factory LLM backend: a provider plug-in written outside factory/."""
