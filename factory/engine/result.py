@@ -115,8 +115,8 @@ class RunResult:
         return "\n".join(lines)
 
 
-def _usd(value: float) -> str:
-    return f"{value:,.2f}" if abs(value) >= 100 else f"{value:,.4f}"
+def _usd(value: float, *, cents_from: float = 100.0) -> str:
+    return f"{value:,.2f}" if abs(value) >= cents_from else f"{value:,.4f}"
 
 
 def cost_lines(manifest: dict[str, Any]) -> list[str]:
@@ -137,7 +137,8 @@ def cost_lines(manifest: dict[str, Any]) -> list[str]:
         lines.append("cost: no priced model (add it under prices: in the recipe): no USD figure")
     elif per_k is not None:
         lines.append(
-            f"cost: {_usd(float(per_k))} USD per 1,000 accepted rows; {cost_line(manifest)}"
+            f"cost: {_usd(float(per_k), cents_from=1.0)} USD per 1,000 accepted rows; "
+            f"{cost_line(manifest)}"
         )
     else:
         lines.append(f"cost: {cost_line(manifest)} (no accepted row)")

@@ -158,7 +158,7 @@ def estimate(
         why = (
             f"the {static:,}-token static prefix {how}; one cache write per actor ({writers}) "
             f"per {terms.ttl_s / 60:g}-minute window over ~{_hours(work.run_s)}: "
-            f"{writes:,} writes, the other calls read it"
+            f"{writes:,} write{'s' if writes != 1 else ''}, the other calls read it"
         )
     written = writes * static if (terms.marked or explicit) else 0  # billed as writes
     usage = Usage(

@@ -68,6 +68,7 @@ def test_the_cost_per_thousand_accepted_rows_heads_the_cost_block() -> None:
     assert summary["batch_saved_usd"] is None  # online: nothing batched
     lines = cost_lines(manifest)
     assert lines[0].startswith(f"cost: {summary['per_1k_accepted_usd']:,.4f} USD per 1,000")
+    assert summary["per_1k_accepted_usd"] < 1  # cents from 1 USD up: 4 decimals below
     assert "36.0% read from the provider's prompt cache" in lines[1]
     assert lines[2].startswith("  caching saved 0.0081 USD")
     assert lines[3] == "  cache read by stage: prefilter 2.0%, amplify 70.0%"
