@@ -324,7 +324,8 @@ class Plan:
             f"caching {usd(t['with_caching_usd'])} USD online (caching saves {usd(saved)} USD)"
             f"{batch}"
         )
-        how = "through the batch API, with caching" if c.batched else "online, with caching"
+        cache = "with caching" if any(s.cached_tokens for s in self.stages) else "no cache"
+        how = f"through the batch API, {cache}" if c.batched else f"online, {cache}"
         per_k = t["per_1k_accepted_usd"]
         per = (
             f" = {usd(per_k)} USD per 1,000 accepted rows ({t['expected_accepted_rows']:,} "
