@@ -68,7 +68,7 @@ class Estimate:
 
 def estimate(stages: list[Any], *, batch: bool = False) -> Estimate:
     """Sum ``factory.engine.plan.StagePlan`` s (anything with their attributes);
-    ``batch``: the calls go through a batch API (``llm.backend: openai_batch``), so
+    ``batch``: the calls go through a batch API (a batched ``llm.backend``), so
     ``cost_usd`` is at its prices."""
     unpriced = tuple(sorted({s.model for s in stages if s.cost_usd is None}))
     priced = not unpriced
@@ -272,7 +272,8 @@ def plan_lines(
             "prices: in the recipe to estimate and cap the spend)"
         )
     else:
-        how = " (Batch API prices: llm.backend openai_batch)" if est.batch else ""
+        backend = cfg.llm.backend if cfg.llm is not None else "?"
+        how = f" (batch API prices: llm.backend {backend})" if est.batch else ""
         lines.append(f"estimated cost: {_usd(est.cost_usd)}{how}")
     if prior.resumes is not None:
         where = f" in {out_dir}" if out_dir is not None else ""

@@ -226,7 +226,7 @@ def _preflight(cfg: Any, out_dir: Path | str, args: argparse.Namespace, *, devse
     from factory.engine.plan import make_plan
 
     plan = make_plan(cfg, with_examples=False, measured=preflight.measured(out_dir, cfg))
-    batch = cfg.llm.backend == "openai_batch"
+    batch = plan.costing is not None and plan.costing.batched  # a batch API's prices
     est = preflight.estimate(plan.stages, batch=batch)
     left = preflight.left_to_pay(plan.stages, prior, batch=batch)
     lines = preflight.plan_lines(est, cfg, prior, devserver=devserver, left=left, out_dir=out_dir)

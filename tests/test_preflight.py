@@ -58,7 +58,7 @@ def test_the_plan_names_calls_tokens_cost_what_was_paid_and_the_cap() -> None:
         [replace(s, batch_cost_usd=s.cost_usd / 2) for s in stages], batch=True
     )
     assert batched.cost_usd == pytest.approx(476.835)
-    assert "(Batch API prices" in preflight.plan_lines(batched, _cfg(), preflight.Prior())[1]
+    assert "(batch API prices" in preflight.plan_lines(batched, _cfg(), preflight.Prior())[1]
     prior = preflight.Prior(cached={"amplify": (500, 5.0)}, resumes="it did not end")
     left = preflight.left_to_pay(stages, prior)
     assert left[0] == 41 + 99_500 and left[1] == pytest.approx(0.12 + 953.55 * 0.995)
@@ -223,8 +223,8 @@ def test_a_terminal_is_asked_and_no_means_nothing_starts(
     out = tmp_path / "o"
     assert main(_paid_run(out, local_endpoint)) == 5
     printed = capsys.readouterr().out
-    assert asked == ["Start this run? It may cost about 953.67 USD. [y/N] "]
-    assert "estimated cost: 953.67 USD" in printed and "cap: amplify.max_cost_usd" in printed
+    assert asked == ["Start this run? It may cost about 954.77 USD. [y/N] "]
+    assert "estimated cost: 954.77 USD" in printed and "cap: amplify.max_cost_usd" in printed
     assert "not started: nothing was called or written" in printed and not out.exists()
     # --confirm-above raises the threshold: nothing to ask below it
     asked.clear()
@@ -255,7 +255,7 @@ def test_a_resume_says_so_and_asks_about_what_is_left_to_pay(
     assert "left to pay: 99,936 of the 100,041 calls, about " in printed
     assert len(asked) == 1 and asked[0].startswith("Resume this run? What is left to pay may")
     left = float(asked[0].split("cost about ")[1].split(" USD")[0].replace(",", ""))
-    assert 952.0 < left < 953.0 and asked[0].endswith("(42.00 USD already paid). [y/N] ")
+    assert 953.0 < left < 954.0 and asked[0].endswith("(42.00 USD already paid). [y/N] ")
 
 
 class _FakeRun:
@@ -283,5 +283,5 @@ def test_without_a_terminal_the_plan_is_printed_and_the_run_starts(
     assert main(_paid_run(tmp_path / "o", local_endpoint)) == 0
     printed = capsys.readouterr().out
     assert fake.calls == 1
-    assert printed.index("estimated cost: 953.67 USD") < printed.index("output:")
+    assert printed.index("estimated cost: 954.77 USD") < printed.index("output:")
     assert "no terminal to ask: starting" in printed and "caps above bound the spend" in printed

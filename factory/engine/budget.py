@@ -56,7 +56,7 @@ def check_cost_cap_priced(cfg: Recipe) -> None:
             (``prices:`` in the recipe, USD per million tokens).
     """
     from factory.engine.settings import llm_stages
-    from factory.llm.pricing import PRICES_AS_OF, PriceTable
+    from factory.llm.pricing import PriceTable
 
     max_cost_usd = cfg.spend_caps()[0]  # None for a job that pays for no call
     if max_cost_usd is None:
@@ -68,10 +68,11 @@ def check_cost_cap_priced(cfg: Recipe) -> None:
         if model not in table:
             raise ConfigError(
                 f"amplify.max_cost_usd is {max_cost_usd} but {key} {model!r} has no price "
-                f"(built-in prices as of {PRICES_AS_OF} do not list it), so its spend would "
-                "count as 0 and the cap could never stop the run; give it a price in the "
-                f"recipe, in USD per million tokens: prices: {{{model}: {{input_per_mtok: ..., "
-                "cached_input_per_mtok: ..., output_per_mtok: ...}}, or remove the cap "
+                "(the built-in price table, factory/llm/pricing.py, does not list it), so "
+                "its spend would count as 0 and the cap could never stop the run; give it a "
+                f"price in the recipe, in USD per million tokens: prices: {{{model}: "
+                "{input_per_mtok: ..., cached_input_per_mtok: ..., output_per_mtok: ...}}, or "
+                "remove the cap "
                 "(--set amplify.max_cost_usd=null)",
                 key_path=f"prices.{model}",
             )

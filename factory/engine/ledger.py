@@ -7,7 +7,10 @@ budget actor every LLM request had to ask. Now every result a worker sends back 
 counted here the moment it arrives (``arrived``: spend, calls, retries per LLM
 stage, so a cap stops new work at once), every row's fate when the driver uses it
 (``decided``: accepted, surplus, rejected, failed per deciding stage), and the
-manifest's accounting sections come from ``manifest_fields``. Pure: no Ray, no I/O.
+manifest's accounting sections come from ``manifest_fields``: per stage its tokens, cost
+and, from the stage's price (``prices``), its cache-read share and what its provider's
+prompt cache and batch API saved (``factory.llm.costs.stage_account``). Pure: no Ray, no
+I/O.
 
 Caps (``max_cost_usd``, ``max_tokens``, ``max_calls``) count every stage, cached
 replays included (a cap bounds the total spend behind one output folder, across
@@ -29,6 +32,8 @@ from typing import Any
 from factory.engine.rows import Fate, Row, Status
 from factory.engine.work import ItemResult
 from factory.llm.backends.openai_wire import tokens_record, tokens_usage
+from factory.llm.costs import StageAccount, stage_account
+from factory.llm.pricing import Price
 from factory.llm.types import Usage
 
 __all__ = ["CAPS", "TIMELINE_COLUMNS", "Caps", "Ledger", "StageSpend", "cap_reached"]
@@ -127,8 +132,17 @@ class StageSpend:
 class Ledger:
     """The run's accounts (see the module docstring)."""
 
-    def __init__(self, caps: Caps | None = None, *, started: float | None = None) -> None:
+    def __init__(
+        self,
+        caps: Caps | None = None,
+        *,
+        started: float | None = None,
+        prices: dict[str, tuple[Price | None, Price | None]] | None = None,
+    ) -> None:
         self.caps = caps or Caps()
+        # stage -> (the price it pays, the online price when it runs batched), as
+        # ``settings.stage_prices`` gives them: what its savings are counted with
+        self.prices = dict(prices or {})
         self.started = time.time() if started is None else started
         self.spend: dict[str, StageSpend] = defaultdict(StageSpend)
         self.decisions: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> kind counts
@@ -364,11 +378,42 @@ class Ledger:
             "responses_from_cache": self.replayed,
             Fate.UNISSUED: self.unissued,
             "unissued_by_stage": {k: s.unissued for k, s in sorted(self.spend.items())},
-            "by_stage": {k: s.as_dict() for k, s in sorted(self.spend.items())},
+            "by_stage": {k: self._stage_fields(k) for k in sorted(self.spend)},
             "retries": dict(sorted(retries.items())),
             "budget": self.budget(),
             "timeline": {"columns": list(TIMELINE_COLUMNS), "points": self.timeline},
         }
+
+    def account(self, stage: str) -> StageAccount:
+        """What ``stage``'s answers cost and what caching and batching saved (no dollars
+        for a stage the ledger has no price of)."""
+        paid, online = self.prices.get(stage, (None, None))
+        spent = self.spend.get(stage)
+        return stage_account(None if spent is None else spent.usage, paid, online)
+
+    def savings(self) -> dict[str, float | None]:
+        """What caching and batching saved over every priced stage (None: no stage is
+        priced; ``batch_saved_usd`` None: no stage ran batched)."""
+        accounts = [self.account(s) for s in self.spend]
+        cache = [a.cache_saved_usd for a in accounts if a.cache_saved_usd is not None]
+        batch = [a.batch_saved_usd for a in accounts if a.batch_saved_usd is not None]
+        return {
+            "cache_saved_usd": round(sum(cache), 6) if cache else None,
+            "batch_saved_usd": round(sum(batch), 6) if batch else None,
+        }
+
+    def _stage_fields(self, stage: str) -> dict[str, Any]:
+        """A stage's ``by_stage`` entry: its spend, its cache-read share, and (priced)
+        what caching saved, and batching when it ran batched."""
+        out = self.spend[stage].as_dict()
+        account = self.account(stage)
+        share = account.read_share
+        out["cache_read_share"] = None if share is None else round(share, 4)
+        if account.cache_saved_usd is not None:
+            out["cache_saved_usd"] = round(account.cache_saved_usd, 6)
+        if account.batch_saved_usd is not None:
+            out["batch_saved_usd"] = round(account.batch_saved_usd, 6)
+        return out
 
     def stages(self) -> dict[str, dict[str, int]]:
         return {s: dict(c) for s, c in self.decisions.items()}

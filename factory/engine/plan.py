@@ -8,9 +8,13 @@ it, else the recipe's ``amplify.expected_yield``; the plan names which, since a
 composition recipe that declared 0.8 and yielded 0.63 cost 27% more than planned,
 issue 39); prompt tokens by
 rendering the real prompts for the real seeds; completion tokens from the
-size of the reference each call imitates. Prompt caching is assumed for the
-static prefix after the first call of a kind (what OpenAI and vLLM do for a
-byte-identical prefix), priced at the cached rate.
+size of the reference each call imitates. Cost comes with the chosen backend's
+provider cache and batch API (``factory.llm.costs.estimate``): the static prefix of a
+stage's prompt is cached as the backend's ``CacheTerms`` say (none below the provider's
+minimum; one cache write per actor per cache lifetime; an explicit cache's storage over
+the run's estimated time), and priced at the batch API's rates when the backend is
+batched. The plan shows the cost without caching, with it, through a batch API, and the
+cost per 1,000 accepted rows, the run's headline figure.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.jobs.amplify import PRIOR_CALLS, yield_estimate
 from factory.engine.pipeline import build_seed_check, check_seed_files, seed_rows_local
 from factory.engine.prompts import PromptTemplate, estimate_tokens
-from factory.engine.settings import llm_stages, seed_check_settings
+from factory.engine.settings import seed_check_settings, stage_models
 from factory.engine.stages.amplify import Companions
 from factory.engine.stages.base import OK
 from factory.envs.pack import load_domain
+from factory.errors import ConfigError
+from factory.llm.backends.base import CacheTerms
 from factory.llm.backends.openai_wire import tokens_record
-from factory.llm.pricing import PriceTable, cost
+from factory.llm.costs import Workload, estimate, per_thousand, run_seconds
+from factory.llm.pricing import PriceTable
 from factory.llm.types import Usage
 from factory.recipe import AmplifyRecipe, EnvsimRecipe, MixRecipe, Recipe
 
@@ -39,7 +46,7 @@ __all__ = ["Plan", "StagePlan", "Yield", "expected_yield", "make_plan"]
 
 @dataclass
 class StagePlan:
-    """Planned LLM work of one stage."""
+    """Planned LLM work of one stage, with the provider's prompt cache as assumed."""
 
     stage: str
     model: str
@@ -47,20 +54,28 @@ class StagePlan:
     input_tokens: int
     cached_tokens: int
     output_tokens: int
-    cost_usd: float | None  # None: the model has no price in the recipe
-    batch_cost_usd: float | None = None  # the same calls through a batch API (Batch tier)
+    cost_usd: float | None  # online, with caching; None: the model has no price
+    batch_cost_usd: float | None = None  # the same calls through a batch API, with caching
+    uncached_cost_usd: float | None = None  # online, nothing cached
+    cache_write_tokens: int = 0
+    storage_usd: float | None = None  # an explicit cache's storage (included above)
+    cache_assumption: str = ""
 
     @property
     def usage(self) -> Usage:
         return Usage(
-            input=self.input_tokens, cached_input=self.cached_tokens, output=self.output_tokens
+            input=self.input_tokens,
+            cached_input=self.cached_tokens,
+            cache_write=self.cache_write_tokens,
+            output=self.output_tokens,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's JSON (``--dry-run --json``): its token counts under the names of the
-        factory's token record, input, cached, output in this order, as always."""
+        factory's token record, input, cached, output in this order, as always (then the
+        cache writes, where the provider bills them)."""
         tokens = tokens_record(self.usage)
-        input_key, output_key, cached_key = tokens  # the record's order
+        input_key, output_key, cached_key, *written = tokens  # the record's order
         return {
             "stage": self.stage,
             "model": self.model,
@@ -68,9 +83,91 @@ class StagePlan:
             input_key: tokens[input_key],
             cached_key: tokens[cached_key],
             output_key: tokens[output_key],
+            **{key: tokens[key] for key in written},
             "cost_usd": self.cost_usd,
             "batch_cost_usd": self.batch_cost_usd,
+            "uncached_cost_usd": self.uncached_cost_usd,
+            "storage_usd": self.storage_usd,
+            "cache_assumption": self.cache_assumption,
         }
+
+
+@dataclass(frozen=True)
+class Costing:
+    """How the plan prices calls: the recipe's backend, its provider's cache terms and
+    batch API, the actors and concurrency the run's time is estimated with.
+
+    Attributes:
+        backend: ``llm.backend``.
+        batched: the backend is a batch API (the run pays the batch prices).
+        batch_backend: the backend to name for the batch column (None: none known).
+        terms: the provider's ``CacheTerms`` (None: no cache assumed).
+        explicit: the backend's option turns an explicit context cache on.
+        note: why no cache is assumed, when the backend is not installed here.
+    """
+
+    table: PriceTable
+    backend: str = "aiohttp"
+    batched: bool = False
+    batch_backend: str | None = None
+    terms: CacheTerms | None = None
+    explicit: bool = False
+    writers: int = 1
+    concurrency: int = 1
+    note: str | None = None
+
+
+def costing(cfg: Recipe) -> Costing:
+    """The recipe's ``Costing``. A backend this installation lacks (``get_backend``
+    raises) is planned without a provider cache, with a note saying so: the run itself
+    refuses it."""
+    from factory.llm.backends import available_backends, backend_options, get_backend
+
+    table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+    llm = cfg.llm
+    if llm is None:
+        return Costing(table)
+    writers, concurrency = cfg.ray.actors, llm.concurrency
+    names = set(available_backends())
+    batch_name = next(
+        (n for n in (f"{llm.backend}_batch", "openai_batch") if n in names and _batched(n)), None
+    )
+    if llm.backend not in ("aiohttp", "openai") and batch_name == "openai_batch":
+        batch_name = None  # OpenAI's Batch API takes the OpenAI backends' requests only
+    try:
+        plugin = get_backend(llm.backend)
+        options = backend_options(plugin, llm.backend_options)
+    except ConfigError as exc:
+        note = f"no prompt cache assumed: {exc}"
+        return Costing(
+            table,
+            llm.backend,
+            batch_backend=batch_name,
+            writers=writers,
+            concurrency=concurrency,
+            note=note,
+        )
+    terms = plugin.cache
+    explicit = bool(terms and terms.explicit_cache and getattr(options, "explicit_cache", False))
+    return Costing(
+        table,
+        llm.backend,
+        plugin.batched,
+        llm.backend if plugin.batched else batch_name,
+        terms,
+        explicit,
+        writers,
+        concurrency,
+    )
+
+
+def _batched(name: str) -> bool:
+    from factory.llm.backends import get_backend
+
+    try:
+        return get_backend(name).batched
+    except ConfigError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -121,6 +218,35 @@ class Plan:
     stages: list[StagePlan] = field(default_factory=list)
     example_prompts: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     yields: dict[str, Yield] = field(default_factory=dict)  # by amplify stage
+    costing: Costing | None = None
+
+    @property
+    def expected_rows(self) -> int:
+        """Accepted rows the plan's calls are for (the amplify targets)."""
+        return sum(y.target for y in self.yields.values())
+
+    def totals(self) -> dict[str, Any]:
+        """The cost block: without caching, with it (online), through a batch API, what
+        the run pays (the batch figure when its backend is batched) and that per 1,000
+        accepted rows; a figure is None when a stage's model has no price."""
+        batched = self.costing is not None and self.costing.batched
+
+        def total(name: str) -> float | None:
+            values = [getattr(s, name) for s in self.stages]
+            return None if any(v is None for v in values) else sum(values)
+
+        paid = total("batch_cost_usd" if batched else "cost_usd")
+        return {
+            "backend": self.costing.backend if self.costing else None,
+            "batched": batched,
+            "without_caching_usd": total("uncached_cost_usd"),
+            "with_caching_usd": total("cost_usd"),
+            "batch_usd": total("batch_cost_usd"),
+            "expected_usd": paid,
+            "expected_accepted_rows": self.expected_rows,
+            "per_1k_accepted_usd": per_thousand(paid, self.expected_rows),
+            "unpriced": sorted({s.model for s in self.stages if s.cost_usd is None}),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +258,7 @@ class Plan:
             },
             "stages": [s.to_dict() for s in self.stages],
             "yield": {stage: dict(y.__dict__) for stage, y in self.yields.items()},
+            "cost": self.totals() if self.stages else None,
         }
 
     def render(self, *, show_prompts: bool = False) -> str:
@@ -153,38 +280,65 @@ class Plan:
             lines.append(planned.line(stage))
         if self.stages:
             lines.append("")
-            lines.append(
-                f"{'stage':<11}{'model':<16}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
-                f"{'completion tok':>16}{'cost USD':>12}{'batch USD':>12}"
-            )
-            for s in self.stages:
-                cost = "unpriced" if s.cost_usd is None else f"{s.cost_usd:,.2f}"
-                batch = "unpriced" if s.batch_cost_usd is None else f"{s.batch_cost_usd:,.2f}"
-                lines.append(
-                    f"{s.stage:<11}{s.model:<16}{s.calls:>9,}{s.input_tokens:>14,}"
-                    f"{s.cached_tokens:>14,}{s.output_tokens:>16,}{cost:>12}{batch:>12}"
-                )
-            priced = [s.cost_usd for s in self.stages if s.cost_usd is not None]
-            batched = [s.batch_cost_usd for s in self.stages if s.batch_cost_usd is not None]
-            lines.append(
-                f"estimated total cost: {sum(priced):,.2f} USD online, {sum(batched):,.2f} USD "
-                "through the Batch API (llm.backend: openai_batch)"
-            )
+            lines += self._cost_lines()
         return "\n".join(lines)
 
+    def _cost_lines(self) -> list[str]:
+        """The cost table, what its cache figures assume, and the totals: the last line
+        is what the run is expected to pay, and that per 1,000 accepted rows."""
 
-def _cost(
-    cfg: Recipe, model: str, prompt: int, cached: int, completion: int, *, batch: bool = False
-) -> float | None:
-    table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
-    price = table.lookup_batch(model) if batch else table.lookup(model)
-    if price is None:
-        return None
-    return cost(Usage(input=prompt, cached_input=min(cached, prompt), output=completion), price)
+        def usd(value: float | None) -> str:
+            return "unpriced" if value is None else f"{value:,.2f}"
+
+        lines = [
+            f"{'stage':<11}{'model':<18}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
+            f"{'completion tok':>16}{'no cache USD':>14}{'cost USD':>12}{'batch USD':>12}"
+        ]
+        for s in self.stages:
+            lines.append(
+                f"{s.stage:<11}{s.model:<18}{s.calls:>9,}{s.input_tokens:>14,}"
+                f"{s.cached_tokens:>14,}{s.output_tokens:>16,}{usd(s.uncached_cost_usd):>14}"
+                f"{usd(s.cost_usd):>12}{usd(s.batch_cost_usd):>12}"
+            )
+        c = self.costing or Costing(PriceTable())
+        lines.append(f"prompt cache (llm.backend {c.backend}):")
+        if c.note:
+            lines.append(f"  {c.note}")
+        for s in self.stages:
+            lines.append(f"  {s.stage}: {s.cache_assumption}")
+        t = self.totals()
+        if t["with_caching_usd"] is None:
+            lines.append(
+                f"estimated total cost: unknown ({', '.join(t['unpriced'])} has no price: add "
+                "it under prices: in the recipe to estimate and cap the spend)"
+            )
+            return lines
+        saved = t["without_caching_usd"] - t["with_caching_usd"]
+        batch = (
+            f"; through a batch API (llm.backend {c.batch_backend}): {usd(t['batch_usd'])} USD"
+            if c.batch_backend and not c.batched
+            else ""
+        )
+        lines.append(
+            f"estimated cost without caching {usd(t['without_caching_usd'])} USD, with "
+            f"caching {usd(t['with_caching_usd'])} USD online (caching saves {usd(saved)} USD)"
+            f"{batch}"
+        )
+        cache = "with caching" if any(s.cached_tokens for s in self.stages) else "no cache"
+        how = f"through the batch API, {cache}" if c.batched else f"online, {cache}"
+        per_k = t["per_1k_accepted_usd"]
+        per = (
+            f" = {usd(per_k)} USD per 1,000 accepted rows ({t['expected_accepted_rows']:,} "
+            "expected)"
+            if per_k is not None
+            else ""
+        )
+        lines.append(f"estimated total cost: {usd(t['expected_usd'])} USD ({how}){per}")
+        return lines
 
 
 def _stage(
-    cfg: Recipe,
+    c: Costing,
     stage: str,
     model: str,
     calls: int,
@@ -192,18 +346,30 @@ def _stage(
     static: int,
     per_call_completion: float,
 ) -> StagePlan:
-    prompt = round(per_call_prompt * calls)
-    cached = static * max(calls - 1, 0)
-    completion = round(per_call_completion * calls)
+    work = Workload(
+        calls,
+        static,
+        per_call_prompt - static,
+        per_call_completion,
+        writers=c.writers,
+        run_s=run_seconds(calls, c.concurrency, per_call_completion),
+    )
+    online = estimate(work, c.table.lookup(model), c.terms, explicit=c.explicit)
+    batch = estimate(work, c.table.lookup_batch(model), c.terms, explicit=c.explicit)
+    used = online.usage
     return StagePlan(
         stage,
         model,
         calls,
-        prompt,
-        cached,
-        completion,
-        _cost(cfg, model, prompt, cached, completion),
-        _cost(cfg, model, prompt, cached, completion, batch=True),
+        used.input,
+        used.cached_input,
+        used.output,
+        online.cached_usd,
+        batch.cached_usd,
+        online.uncached_usd,
+        used.cache_write,
+        (batch if c.batched else online).storage_usd,
+        online.assumption,
     )
 
 
@@ -236,15 +402,16 @@ def make_plan(
     plan.seeds_rejected = plan.seeds_read - plan.seeds_valid
     if not isinstance(cfg, AmplifyRecipe) or not valid:  # curate: no LLM stage to plan
         return plan
+    plan.costing = priced = costing(cfg)
 
     if cfg.prefilter.enabled:
         judge = PromptTemplate(Path(cfg.prefilter.prompt), domain, key_path="prefilter.prompt")
         prompts = [judge.render(t) for t in valid]
         mean_prompt = sum(p.input_tokens() for p in prompts) / len(prompts)
-        model = llm_stages(cfg)["prefilter"].model
+        model = stage_models(cfg)["prefilter"]
         plan.stages.append(
             _stage(
-                cfg,
+                priced,
                 "prefilter",
                 model,
                 len(valid),
@@ -275,7 +442,7 @@ def make_plan(
     mean_completion = sum(size[r] for ids in refs for r in ids) / len(valid)
     plan.stages.append(
         _stage(
-            cfg,
+            priced,
             "amplify",
             cfg.llm.model,
             calls,
@@ -301,6 +468,7 @@ def _mixed_plan(cfg: MixRecipe, *, with_examples: bool) -> Plan:
         plan.seeds_valid += sub.seeds_valid
         plan.seeds_rejected += sub.seeds_rejected
         plan.reject_reasons.update(sub.reject_reasons)
+        plan.costing = plan.costing or sub.costing
         for stage in sub.stages:
             stage.stage = f"{stage.stage}/{label}"
             plan.stages.append(stage)

@@ -17,6 +17,7 @@ from factory.engine.loop import JobReport
 from factory.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRITE
 from factory.io.writer import Manifest
 from factory.llm.backends.openai_wire import tokens_usage
+from factory.llm.costs import cache_read_share, per_thousand
 from factory.recipe import Recipe, config_hash
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "STAGE_ORDER",
     "RunResult",
     "cost_line",
+    "cost_lines",
+    "cost_summary",
     "domain_summary",
     "new_manifest",
     "write_manifest",
@@ -91,13 +94,7 @@ class RunResult:
         for stage, codes in reasons.items():
             for code, n in sorted(codes.items(), key=lambda kv: -kv[1]):
                 lines.append(f"  {stage}: {code} x{n}")
-        tokens = self.manifest.get("tokens") or {}
-        if tokens:
-            used = tokens_usage(tokens)
-            lines.append(
-                f"tokens: prompt {used.input:,} (cached {used.cached_input:,}), completion "
-                f"{used.output:,}; {cost_line(self.manifest)}"
-            )
+        lines += cost_lines(self.manifest)
         retries = self.manifest.get("retries") or {}
         if retries:  # summarised here; one line per retry only at DEBUG
             by_count = sorted(retries.items(), key=lambda kv: -kv[1])
@@ -116,6 +113,87 @@ class RunResult:
                 "(run the same command again to continue)"
             )
         return "\n".join(lines)
+
+
+def _usd(value: float, *, cents_from: float = 100.0) -> str:
+    return f"{value:,.2f}" if abs(value) >= cents_from else f"{value:,.4f}"
+
+
+def cost_lines(manifest: dict[str, Any]) -> list[str]:
+    """The summary's cost block: the cost per 1,000 accepted rows first (the headline),
+    then what the output cost and this run paid, the tokens with the share read from the
+    provider's prompt cache and the tokens written to it, what caching and batching
+    saved, and each stage's cache-read share. A run with no priced model shows the
+    shares and no dollar figure (its cost would claim a 0 nobody paid)."""
+    tokens = manifest.get("tokens") or {}
+    if not tokens:
+        return []
+    summary = manifest.get("cost_summary") or {}
+    priced = summary.get("priced", True)  # a manifest from before the section: priced
+    used = tokens_usage(tokens)
+    lines = []
+    per_k = summary.get("per_1k_accepted_usd")
+    if not priced:
+        lines.append("cost: no priced model (add it under prices: in the recipe): no USD figure")
+    elif per_k is not None:
+        lines.append(
+            f"cost: {_usd(float(per_k), cents_from=1.0)} USD per 1,000 accepted rows; "
+            f"{cost_line(manifest)}"
+        )
+    else:
+        lines.append(f"cost: {cost_line(manifest)} (no accepted row)")
+    share = cache_read_share(used)
+    cache = "" if share is None else f", {share:.1%} read from the provider's prompt cache"
+    written = f"; {used.cache_write:,} written to it" if used.cache_write else ""
+    lines.append(
+        f"  tokens: prompt {used.input:,} (cached {used.cached_input:,}{cache}{written}), "
+        f"completion {used.output:,}"
+    )
+    saved = []
+    if priced and summary.get("cache_saved_usd") is not None:
+        saved.append(f"caching saved {_usd(float(summary['cache_saved_usd']))} USD")
+    if priced and summary.get("batch_saved_usd") is not None:
+        saved.append(f"the batch API saved {_usd(float(summary['batch_saved_usd']))} USD")
+    if saved:
+        lines.append("  " + "; ".join(saved))
+    shares = {
+        stage: info.get("cache_read_share")
+        for stage, info in (manifest.get("by_stage") or {}).items()
+        if info.get("cache_read_share") is not None
+    }
+    if len(shares) > 1:
+        order = {s: i for i, s in enumerate(STAGE_ORDER)}
+        lines.append(
+            "  cache read by stage: "
+            + ", ".join(
+                f"{stage} {shares[stage]:.1%}"
+                for stage in sorted(shares, key=lambda s: order.get(s, 99))
+            )
+        )
+    return lines
+
+
+def cost_summary(manifest: Manifest, ledger: Ledger, accepted: int) -> dict[str, Any]:
+    """The manifest's ``cost_summary``: the cost per 1,000 accepted rows, the run's
+    cache-read share and cache writes, what caching and batching saved; from the
+    manifest's final ``tokens`` and ``cost_usd`` (a job's own, a mixed recipe's over its
+    parts) and the ledger's priced stages. No dollar figure when no stage is priced."""
+    used = tokens_usage(manifest.extra.get("tokens") or {})
+    priced = any(paid is not None for paid, _ in ledger.prices.values())
+    cost = float(manifest.extra.get("cost_usd") or 0.0) if priced else None
+    share = cache_read_share(used)
+    per_k = per_thousand(cost, accepted)
+    savings = ledger.savings() if priced else {}
+    return {
+        "per_1k_accepted_usd": None if per_k is None else round(per_k, 6),
+        "accepted": accepted,
+        "priced": priced,
+        "unpriced_stages": sorted(s for s, (paid, _) in ledger.prices.items() if paid is None),
+        "cache_read_share": None if share is None else round(share, 4),
+        "cache_write_tokens": used.cache_write,
+        "cache_saved_usd": savings.get("cache_saved_usd"),
+        "batch_saved_usd": savings.get("batch_saved_usd"),
+    }
 
 
 def cost_line(manifest: dict[str, Any]) -> str:
@@ -185,5 +263,7 @@ def write_manifest(
     for key, value in report.sections.items():
         if value is not None or key == "mixture":
             manifest.extra[key] = value
+    if ledger.prices:  # a job with LLM stages: its cost summary (a curation pays nothing)
+        manifest.extra["cost_summary"] = cost_summary(manifest, ledger, totals.get("accepted", 0))
     manifest.write(out_dir, **totals)
     return totals

@@ -38,6 +38,7 @@ from factory.engine.loop import Job, drive, wind_down
 from factory.engine.pool import ActorPool
 from factory.engine.raycompat import ray_address
 from factory.engine.result import RunResult, new_manifest, write_manifest
+from factory.engine.settings import stage_prices
 from factory.engine.stages.base import StageSpec
 from factory.engine.watchdog import Lifeline
 from factory.errors import FactoryError, OutputWriteError
@@ -65,7 +66,7 @@ def run_job(cfg: Recipe, out_dir: Path, *, progress: bool = True) -> RunResult:
         pool.add_chain(name, specs)
 
     job = registry.declare(cfg, out_dir, manifest, add_chain)  # recipe errors stop here
-    ledger = Ledger(job.caps, started=manifest.started)
+    ledger = Ledger(job.caps, started=manifest.started, prices=stage_prices(cfg))
     init_ray(cfg.ray.address)
     threading.Thread(target=prepare_conversion, name="factory-arrow", daemon=True).start()
     bars = Bars(enabled=progress)

@@ -49,6 +49,8 @@ __all__ = [
     "prefilter_prompt",
     "quality_settings",
     "seed_check_settings",
+    "stage_models",
+    "stage_prices",
 ]
 
 
@@ -174,11 +176,8 @@ def llm_stages(cfg: Recipe) -> dict[str, LLMStageSettings]:
         return {}
     prices = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
     batched = get_backend(llm.backend).batched
-    models = {"amplify": llm.model}
-    if cfg.prefilter.enabled:
-        models = {"prefilter": cfg.prefilter.model or llm.model, **models}
     out: dict[str, LLMStageSettings] = {}
-    for stage, model in models.items():
+    for stage, model in stage_models(cfg).items():
         out[stage] = LLMStageSettings(
             stage=stage,
             model=model,
@@ -194,6 +193,32 @@ def llm_stages(cfg: Recipe) -> dict[str, LLMStageSettings]:
             else {},
         )
     return out
+
+
+def stage_models(cfg: Recipe) -> dict[str, str]:
+    """The model of each LLM stage, in order (the judge only when the pre-filter is on;
+    empty without an ``llm`` section). Needs no backend: the plan names the models of a
+    backend this installation lacks."""
+    llm = cfg.llm
+    if llm is None:
+        return {}
+    models = {"amplify": llm.model}
+    if cfg.prefilter.enabled:
+        models = {"prefilter": cfg.prefilter.model or llm.model, **models}
+    return models
+
+
+def stage_prices(cfg: Recipe) -> dict[str, tuple[Price | None, Price | None]]:
+    """Per LLM stage: the price it pays per token (a batch API's when the backend is
+    batched) and, when batched, the online price of the same model (what batching saved
+    is measured against; None when online). What the run's ledger accounts with."""
+    from factory.llm.pricing import PriceTable
+
+    table = PriceTable.from_config({k: v.model_dump() for k, v in cfg.prices.items()})
+    return {
+        stage: (s.price, table.lookup(s.model) if s.batched else None)
+        for stage, s in llm_stages(cfg).items()
+    }
 
 
 def seed_check_settings(cfg: Recipe) -> SeedCheckSettings:

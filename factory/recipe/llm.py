@@ -111,13 +111,21 @@ class PriceConfig(Section):
         "(default: input price; OpenAI-compatible servers report no cache writes).",
     )
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
+    cache_storage_per_mtok_hour: float | None = Field(
+        None,
+        ge=0,
+        description="USD per million tokens per hour an explicit context cache is kept "
+        "(Gemini's cachedContents storage); the plan's estimate counts it over the run's "
+        "estimated time. Default: none (the provider has no explicit cache).",
+    )
     batch_share: float | None = Field(
         None,
         gt=0,
         le=1,
-        description="Share of these prices paid through a batch API (llm.backend: "
-        "openai_batch; OpenAI's Batch tier: 0.5). Default: 0.5 for a model the built-in "
-        "price table lists (factory.llm.pricing), else 1.",
+        description="Share of these prices paid through a batch API (a batched llm.backend: "
+        "openai_batch, or another provider's batch backend; 0.5 for OpenAI's, Anthropic's "
+        "and Gemini's). Default: 0.5 for a model the built-in price table lists "
+        "(factory.llm.pricing), else 1.",
     )
 
 

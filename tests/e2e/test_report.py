@@ -86,6 +86,13 @@ def test_the_report_opens_in_a_browser_with_no_error_and_every_plot_drawn(
     assert drawn["Rows over time"]["lines"] == 2  # total and accepted differ: both
     assert drawn["Tokens per row (bins of 2)"]["legends"] == 1  # cutoff_len, off the bars
     sections = {s["title"]: s["text"] for s in check.sections}
+    # the headline, as a person sees it: first, the cost per 1,000 accepted rows, then
+    # the cache-read share and what caching saved (issue 35, point 4)
+    assert check.sections[0]["title"] == "Cost per 1,000 accepted rows"
+    headline = sections["Cost per 1,000 accepted rows"]
+    assert headline.startswith("3.51 USD per 1,000 accepted rows")  # 0.0421 USD / 12 rows
+    assert "read from the provider's cache\t11.1%" in headline and "caching saved" in headline
+    assert "cache read" in sections["Tokens and cost per stage"]
     assert "calls issued" in sections["Funnel"] and "rounds" not in sections["Funnel"]
     assert "the first 9.8 s are start-up" in sections["Throughput and cost over time"]
     assert (tmp_path / "shot.png").stat().st_size > 10_000

@@ -196,3 +196,33 @@ def test_a_ledger_carries_spend_made_apart_against_its_caps_and_says_what_is_lef
     assert left.max_tokens == 1 and left.max_calls == 1
     assert left.max_cost_usd == pytest.approx(0.25)
     assert Caps().left(5.0, 5, 5) == Caps()  # no cap: nothing to leave
+
+
+def test_every_stage_has_its_cache_read_share_and_what_caching_and_batching_saved() -> None:
+    from factory.llm.pricing import Price, cost
+
+    online = Price(2.0, 0.2, 8.0, cache_write_per_mtok=2.5)
+    batch = online.scaled(0.5)
+    ledger = Ledger(prices={"prefilter": (None, None), "amplify": (batch, online)})
+    usage = {"prompt_tokens": 1000, "completion_tokens": 10, "cached_tokens": 600}
+    written = {**usage, "cache_write_tokens": 300}
+    ledger.arrived(ItemResult("seeds", 0, [_row("prefilter", usage=json.dumps(usage))]))
+    for i, used in enumerate((usage, written)):
+        ledger.arrived(ItemResult("calls", i, [_row("amplify", cost=0.1, usage=json.dumps(used))]))
+    stages = ledger.manifest_fields()["by_stage"]
+    assert stages["prefilter"]["cache_read_share"] == 0.6
+    assert "cache_saved_usd" not in stages["prefilter"]  # unpriced: a share, no dollars
+    amp = stages["amplify"]
+    assert amp["cache_read_share"] == 0.6 and amp["tokens"]["cache_write_tokens"] == 300
+    spent = Usage(input=2000, cached_input=1200, cache_write=300, output=20)
+    full = cost(Usage(input=2000, output=20), batch)
+    assert amp["cache_saved_usd"] == pytest.approx(full - cost(spent, batch), abs=1e-6)
+    assert amp["batch_saved_usd"] == pytest.approx(cost(spent, online) / 2, abs=1e-6)
+    assert ledger.savings() == {
+        "cache_saved_usd": amp["cache_saved_usd"],
+        "batch_saved_usd": amp["batch_saved_usd"],
+    }
+    assert Ledger(prices={"amplify": (None, None)}).savings() == {
+        "cache_saved_usd": None,
+        "batch_saved_usd": None,
+    }

@@ -207,3 +207,68 @@ def test_bad_price_config_is_a_config_error(spec: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as info:
         PriceTable.from_config({"m": spec})
     assert info.value.key_path.startswith("prices.m")
+
+
+def test_anthropic_and_gemini_rows_are_sourced_dated_and_hold_their_cache_prices() -> None:
+    import re
+
+    from factory.llm.pricing import ANTHROPIC_PRICES, GEMINI_PRICES, PRICE_SOURCES
+
+    assert set(PRICE_SOURCES) == {"openai", "anthropic", "gemini"}
+    for page, as_of in PRICE_SOURCES.values():
+        assert page.startswith("https://") and re.fullmatch(r"20\d\d-\d\d-\d\d", as_of)
+    assert {"claude-opus-4-1", "claude-opus-4-5", "claude-sonnet-4-5", "claude-haiku-4-5"} <= set(
+        ANTHROPIC_PRICES
+    )
+    for p in ANTHROPIC_PRICES.values():  # the page's multipliers: write 1.25x, read 0.1x
+        assert p.cache_write_per_mtok == pytest.approx(1.25 * p.input_per_mtok)
+        assert p.cached_input_per_mtok == pytest.approx(0.1 * p.input_per_mtok)
+        assert p.cache_storage_per_mtok_hour is None
+    assert DEFAULT_PRICES["claude-sonnet-4-5"] == Price(3.0, 0.3, 15.0, cache_write_per_mtok=3.75)
+    assert set(GEMINI_PRICES) == {"gemini-2.5-pro", "gemini-2.5-flash", "gemini-2.5-flash-lite"}
+    for p in GEMINI_PRICES.values():  # an implicit cache writes nothing; explicit is stored
+        assert p.cache_write_per_mtok is None and p.cache_storage_per_mtok_hour
+    assert DEFAULT_PRICES["gemini-2.5-pro"].input_per_mtok == 1.25  # the <=200k tier
+
+
+@pytest.mark.parametrize(
+    "model", ["claude-sonnet-4-5", "claude-haiku-4-5", "gemini-2.5-flash", "gemini-2.5-pro"]
+)
+def test_every_provider_batch_is_half_of_every_rate_but_storage(model: str) -> None:
+    table = PriceTable()
+    online, batch = table.lookup(model), table.lookup_batch(model)
+    assert online is not None and batch is not None
+    assert batch.input_per_mtok == online.input_per_mtok / 2
+    assert batch.cached_input_per_mtok == online.cached_input_per_mtok / 2
+    assert batch.output_per_mtok == online.output_per_mtok / 2
+    if online.cache_write_per_mtok is not None:
+        assert batch.cache_write_per_mtok == online.cache_write_per_mtok / 2
+    assert batch.cache_storage_per_mtok_hour == online.cache_storage_per_mtok_hour
+
+
+def test_a_dated_anthropic_snapshot_is_priced_as_its_alias() -> None:
+    table = PriceTable()
+    assert table.lookup("claude-sonnet-4-5-20250929") == DEFAULT_PRICES["claude-sonnet-4-5"]
+    assert table.lookup_batch("claude-opus-4-1-20250805") == table.lookup_batch("claude-opus-4-1")
+
+
+def test_a_recipe_price_carries_its_storage_and_its_providers_batch_share() -> None:
+    table = PriceTable.from_config(
+        {
+            "gemini-2.5-flash": {
+                "input_per_mtok": 0.2,
+                "cached_input_per_mtok": 0.02,
+                "output_per_mtok": 2.0,
+                "cache_storage_per_mtok_hour": 0.5,
+            }
+        }
+    )
+    online, batch = table.lookup("gemini-2.5-flash"), table.lookup_batch("gemini-2.5-flash")
+    assert online == Price(0.2, 0.02, 2.0, cache_storage_per_mtok_hour=0.5)
+    assert batch == Price(0.1, 0.01, 1.0, cache_storage_per_mtok_hour=0.5)
+    assert table.as_dict()["gemini-2.5-flash"]["cache_storage_per_mtok_hour"] == 0.5
+    with pytest.raises(ConfigError) as info:
+        PriceTable.from_config(
+            {"m": {"input_per_mtok": 1, "output_per_mtok": 1, "cache_storage_per_mtok_hour": -1}}
+        )
+    assert info.value.key_path == "prices.m.cache_storage_per_mtok_hour"

@@ -65,6 +65,7 @@ from factory.envs.pack import Domain
 from factory.errors import SeedError
 from factory.io.runstate import batch_summary
 from factory.io.writer import Manifest, RejectWriter, ShardWriter
+from factory.llm.costs import cache_read_share
 from factory.llm.types import Usage
 from factory.recipe import AmplifyRecipe, MixRecipe, MixtureConfig, Recipe
 
@@ -514,7 +515,7 @@ class AmplifyJob(Declaration):
         collector.close()
         static = estimate_tokens(self.template.static)
         used = ledger.spend["amplify"].usage or Usage()
-        input_tokens, cached = used.input, used.cached_input
+        input_tokens, share = used.input, cache_read_share(used)
         issued = planner.calls_used
         reached = collector.accepted >= cfg.amplify.target
         clock = {k: round(v - self.manifest.started, 2) for k, v in planner.clock.items()}
@@ -531,7 +532,8 @@ class AmplifyJob(Declaration):
                 "static_prefix_share": round(static * issued / input_tokens, 4)
                 if input_tokens
                 else None,
-                "server_cached_share": round(cached / input_tokens, 4) if input_tokens else None,
+                # the ledger's one calculation (by_stage.amplify.cache_read_share)
+                "server_cached_share": None if share is None else round(share, 4),
             },
             "generated_with_devserver": DEVSERVER_FINGERPRINT in collector.fingerprints,
             "batches": batch_summary(self.out_dir),  # llm.backend openai_batch: ids, outcomes

@@ -42,6 +42,7 @@ from factory.engine.ledger import CAPS, Ledger, cap_reached
 from factory.engine.loop import Bar, JobReport
 from factory.engine.result import new_manifest, write_manifest
 from factory.engine.rows import Fate, Row
+from factory.engine.settings import stage_prices
 from factory.engine.stages.base import StageSpec
 from factory.engine.work import Item, ItemResult
 from factory.io.writer import Manifest, ShardWriter, write_dataset_info
@@ -151,7 +152,7 @@ class _Part:
             add_chain(f"{name}/{label}", specs)
 
         self.job = AmplifyJob(sub, part_dir, self.manifest, add_part_chain)
-        self.ledger = Ledger(self.job.caps, started=self.manifest.started)
+        self.ledger = Ledger(self.job.caps, started=self.manifest.started, prices=stage_prices(sub))
         self.out = 0  # items issued and not released yet
 
     def chains(self) -> dict[str, Sequence[StageSpec]]:

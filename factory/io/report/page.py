@@ -4,7 +4,9 @@ Why one file with no script: a person opens it from a laptop, a cluster's
 shared disk or a CI artifact, offline; every plot is an inlined SVG picture
 (``plots``), the styles are inline, and nothing is fetched. The page is built
 from the manifest (funnel, reasons, tokens, cost, cache, time series) and one
-streamed pass over the accepted rows (``stats.RowStats``); manifest sections
+streamed pass over the accepted rows (``stats.RowStats``), headed by what 1,000 accepted
+rows cost (the manifest's ``cost_summary``, with the cache-read share and what caching
+and a batch API saved); manifest sections
 this module does not know (added by other features) are shown as tables, their
 numeric mappings as bar plots, and a section that is absent is skipped.
 """
@@ -40,6 +42,7 @@ _KNOWN = {
     "retries", "pipeline",
     "calls", "unissued_by_stage", "target", "prompt_cache", "generated_with_devserver",
     "budget", "timings", "model", "seeds", "mixture", "episodes", "grounding", "domain",
+    "cost_summary",
 }  # fmt: skip
 
 _CSS = """
@@ -57,6 +60,7 @@ figure.plot img{max-width:520px;width:100%;height:auto;border:1px solid #eee}
 .human{background:#eef4ff} .gpt{background:#f2f2f2} .function_call{background:#fff6e0}
 .observation{background:#eaf7ea;font-family:monospace;font-size:.9em} .system{background:#fafafa}
 pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:.5em;margin:.2em 0}
+.headline{font-size:1.5em;margin:.3em 0} .headline b{font-size:1.3em}
 """
 
 
@@ -241,6 +245,54 @@ def _seed_yield(m: Mapping[str, Any], stats: RowStats) -> str:
     )
 
 
+def _usd(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):,.4f} USD"
+
+
+def _headline(m: Mapping[str, Any]) -> str:
+    """What 1,000 accepted rows cost, first: the figure a person compares runs and
+    teachers by; then the cache-read share and what caching and a batch API saved. A
+    run with no priced model shows the share and no dollar figure."""
+    summary = m.get("cost_summary") or {}
+    priced = bool(summary.get("priced"))
+    per_k = summary.get("per_1k_accepted_usd")
+    if not priced:
+        head = (
+            '<p class="headline">No priced model: no dollar figure (give the model a '
+            "price under <code>prices:</code> in the recipe).</p>"
+        )
+    elif per_k is None:
+        head = '<p class="headline">No accepted row: no cost per 1,000 rows.</p>'
+    else:
+        head = f'<p class="headline"><b>{float(per_k):,.2f} USD</b> per 1,000 accepted rows</p>'
+    share = summary.get("cache_read_share")
+    rows: list[tuple[Any, ...]] = [("accepted rows", int(summary.get("accepted") or 0))]
+    if priced:
+        rows.append(("cost of the output", _usd(m.get("cost_usd"))))
+    rows.append(
+        (
+            "prompt tokens read from the provider's cache",
+            "n/a" if share is None else f"{float(share):.1%}",
+        )
+    )
+    rows.append(
+        ("prompt tokens written to the provider's cache", summary.get("cache_write_tokens", 0))
+    )
+    if priced:
+        rows.append(("caching saved (cost at the full input price, less the cost)",
+                     _usd(summary.get("cache_saved_usd"))))  # fmt: skip
+        if summary.get("batch_saved_usd") is not None:
+            rows.append(("the batch API saved (online price, less the batch price)",
+                         _usd(summary["batch_saved_usd"])))  # fmt: skip
+    unpriced = summary.get("unpriced_stages") or []
+    note = (
+        f'<p class="muted">Unpriced stages (counted at 0): {_e(", ".join(unpriced))}.</p>'
+        if priced and unpriced
+        else ""
+    )
+    return head + _table(rows, ("", "")) + note
+
+
 def _cost(m: Mapping[str, Any]) -> str:
     from factory.llm.backends.openai_wire import tokens_usage  # the manifest's token names
 
@@ -248,20 +300,36 @@ def _cost(m: Mapping[str, Any]) -> str:
     tokens = m.get("tokens") or {}
     if not by_stage and not tokens:
         return "<p>This run made no LLM call.</p>"
-    rows = []
+    priced = (m.get("cost_summary") or {}).get("priced", True)
+
+    def share(info: Mapping[str, Any], used: Any) -> str:
+        value = info.get("cache_read_share")
+        if value is None and used.input:
+            value = used.cached_input / used.input
+        return "n/a" if value is None else f"{float(value):.1%}"
+
+    rows: list[tuple[Any, ...]] = []
+    costs: dict[str, float] = {}
     for stage, info in by_stage.items():
         t = tokens_usage(info.get("tokens"))
-        rows.append((stage, t.input, t.cached_input, t.output, float(info.get("cost_usd") or 0.0)))
+        usd = float(info.get("cost_usd") or 0.0)
+        costs[stage] = usd
+        saved = info.get("cache_saved_usd")
+        cells = (usd if priced else "unpriced", "n/a" if saved is None else float(saved))
+        rows.append((stage, t.input, t.cached_input, share(info, t), t.cache_write, t.output,
+                     *cells))  # fmt: skip
     run = tokens_usage(tokens)
-    rows.append(("run", run.input, run.cached_input, run.output, float(m.get("cost_usd") or 0.0)))
-    body = _table(rows, ("stage", "prompt tokens", "cached", "completion tokens", "cost USD"))
+    saved_run = (m.get("cost_summary") or {}).get("cache_saved_usd")
+    rows.append(("run", run.input, run.cached_input, share({}, run), run.cache_write, run.output,
+                 float(m.get("cost_usd") or 0.0) if priced else "unpriced",
+                 "n/a" if saved_run is None else float(saved_run)))  # fmt: skip
+    body = _table(rows, ("stage", "prompt tokens", "cached", "cache read", "cache written",
+                         "completion tokens", "cost USD", "caching saved USD"))  # fmt: skip
     figs = []
     if by_stage:
+        figs.append(plots.bars(costs, "Cost per stage (USD)", xlabel="USD"))
         figs.append(
-            plots.bars({r[0]: r[4] for r in rows[:-1]}, "Cost per stage (USD)", xlabel="USD")
-        )
-        figs.append(
-            plots.bars({r[0]: r[1] + r[3] for r in rows[:-1]}, "Tokens per stage", xlabel="tokens")
+            plots.bars({r[0]: r[1] + r[5] for r in rows[:-1]}, "Tokens per stage", xlabel="tokens")
         )
     retries = m.get("retries") or {}
     if retries:
@@ -510,6 +578,11 @@ def build_report(
     a = analysis or analyse(folder, samples=samples)
     stats, m = a.stats, folder.manifest
     sections = [
+        *(
+            [("Cost per 1,000 accepted rows", _headline(m), "headline")]
+            if m.get("cost_summary")
+            else []
+        ),
         ("Funnel", _funnel(m), "funnel"),
         ("Reasons", _reasons(m), "reasons"),
         ("Distributions", _distributions(m, stats), "distributions"),

@@ -213,3 +213,31 @@ def test_an_envsim_report_shows_step_samples_and_the_step_histograms(tmp_path: P
     )
     assert "step samples drawn at random" in page and "cancelled R00" in page
     assert "Mixture balance: quotas" in page
+
+
+def test_the_report_opens_with_the_cost_per_thousand_accepted_rows(page: str) -> None:
+    first = page.index("<section")
+    assert page.index('<section id="headline"><h2>Cost per 1,000 accepted rows</h2>') == first
+    headline = page[first : page.index("</section>", first)]
+    rows = 12  # make_folder's accepted rows
+    assert f"<b>{0.0421 * 1000 / rows:,.2f} USD</b> per 1,000 accepted rows" in headline
+    assert "11.1%" in headline and "caching saved" in headline
+    assert "batch API saved" not in headline  # the run was not batched
+    cost = page[page.index('<section id="cost">') :]
+    assert "<th>cache read</th>" in cost and "12.5%" in cost
+
+
+def test_a_report_with_no_priced_model_shows_the_share_and_no_dollars(tmp_path: Path) -> None:
+    unpriced = {
+        "cost_summary": {"per_1k_accepted_usd": None, "accepted": 12, "priced": False,
+                         "unpriced_stages": ["amplify", "prefilter"], "cache_read_share": 0.1111,
+                         "cache_write_tokens": 0, "cache_saved_usd": None,
+                         "batch_saved_usd": None},
+    }  # fmt: skip
+    page = write_report(make_folder(tmp_path / "o", extra=unpriced)).read_text(encoding="utf-8")
+    headline = page[page.index('<section id="headline">') :]
+    headline = headline[: headline.index("</section>")]
+    assert "No priced model: no dollar figure" in headline and "11.1%" in headline
+    assert "USD" not in headline.replace("no dollar figure", "")
+    cost = page[page.index('<section id="cost">') :]
+    assert "unpriced" in cost[: cost.index("</section>")]
