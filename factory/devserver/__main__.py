@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Batch API: the next N batches expire half-way (partial output)",
     )
+    p.add_argument(
+        "--gemini-cache-min-tokens",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="Gemini API: the shortest prefix a cachedContents cache takes (400 below it)",
+    )
     return p  # fmt: skip
 
 
@@ -153,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         batch_error_rate=args.batch_error_rate,
         batch_fail_first=args.batch_fail_first,
         batch_expire_first=args.batch_expire_first,
+        gemini_cache_min_tokens=args.gemini_cache_min_tokens,
     )
 
 

@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import batches, grounded, roles, simulate, textaction
+from factory.devserver import batches, gemini, grounded, roles, simulate, textaction
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -95,6 +95,8 @@ class DevServerConfig:
     batch_fail_first: int = 0
     batch_expire_first: int = 0
     batch_expire_keep: float = 0.5
+    # Gemini API (``factory.devserver.gemini``): the shortest prefix a context cache takes.
+    gemini_cache_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -818,6 +820,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     batches.add_routes(app, hooks)
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
+    gemini.add_routes(app, hooks, serve_chat)
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app

@@ -715,7 +715,7 @@ class GeminiBackend(ClientBackend):
 
     def totals(self) -> Mapping[str, float]:
         out = dict(self.client.totals())
-        out["cost_usd"] = out.get("cost_usd", 0.0) + self.book.untaken
+        out["cost_usd"] = out.get("cost_usd", 0.0) + self.book.charged_usd
         out.update(self.book.totals())
         return out
 
