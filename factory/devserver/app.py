@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import anthropic, batches, grounded, roles, simulate, textaction
+from factory.devserver import anthropic, batches, gemini, grounded, roles, simulate, textaction
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -98,6 +98,8 @@ class DevServerConfig:
     # Anthropic Messages (``factory.devserver.anthropic``): the ``server_error`` defect
     # answers 529 ``overloaded_error`` there instead of 500 ``api_error``.
     anthropic_overloaded: bool = False
+    # Gemini API (``factory.devserver.gemini``): the shortest prefix a context cache takes.
+    gemini_cache_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -819,9 +821,10 @@ def build_app(config: DevServerConfig) -> web.Application:
     app.router.add_post("/admin/stop", _admin_stop)
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
-    anthropic.add_routes(app, hooks, serve_chat)  # Anthropic Messages: /v1/messages
-    # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
+    # The other wire formats: each is one module with ``add_routes(app, hooks, serve_chat)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
+    anthropic.add_routes(app, hooks, serve_chat)  # Anthropic Messages: /v1/messages
+    gemini.add_routes(app, hooks, serve_chat)  # Gemini: /v1{,beta}/models/{model}:{method}
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app
