@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Batch API: the next N batches expire half-way (partial output)",
     )
+    p.add_argument(
+        "--anthropic-overloaded",
+        action="store_true",
+        help="Anthropic Messages: the server_error defect answers 529 overloaded_error",
+    )
     return p  # fmt: skip
 
 
@@ -153,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         batch_error_rate=args.batch_error_rate,
         batch_fail_first=args.batch_fail_first,
         batch_expire_first=args.batch_expire_first,
+        anthropic_overloaded=args.anthropic_overloaded,
     )
 
 

@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import batches, grounded, roles, simulate, textaction
+from factory.devserver import anthropic, batches, grounded, roles, simulate, textaction
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -95,6 +95,9 @@ class DevServerConfig:
     batch_fail_first: int = 0
     batch_expire_first: int = 0
     batch_expire_keep: float = 0.5
+    # Anthropic Messages (``factory.devserver.anthropic``): the ``server_error`` defect
+    # answers 529 ``overloaded_error`` there instead of 500 ``api_error``.
+    anthropic_overloaded: bool = False
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -816,6 +819,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     app.router.add_post("/admin/stop", _admin_stop)
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
+    anthropic.add_routes(app, hooks)  # Anthropic Messages: /v1/messages
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
     app.on_startup.append(_open_log)
