@@ -34,7 +34,15 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import anthropic, batches, grounded, roles, simulate, textaction
+from factory.devserver import (
+    anthropic,
+    anthropic_batches,
+    batches,
+    grounded,
+    roles,
+    simulate,
+    textaction,
+)
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -820,6 +828,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
     anthropic.add_routes(app, hooks)  # Anthropic Messages: /v1/messages
+    anthropic_batches.add_routes(app, hooks)  # Message Batches: /v1/messages/batches
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
     app.on_startup.append(_open_log)

@@ -57,14 +57,17 @@ from typing import Any
 import aiohttp
 from pydantic import Field
 
-from factory.errors import LLMError, LLMServerError
+from factory.errors import ConfigError, LLMError, LLMServerError
 from factory.llm.backends.base import (
     Backend,
     BackendOptions,
+    BackendSetup,
     BatchJournal,
     LLMRequest,
     LLMResult,
 )
+from factory.llm.backends.online import recipe_endpoints
+from factory.llm.client import resolve_api_key
 from factory.llm.errormap import status_error
 from factory.llm.pool import Endpoint
 from factory.llm.pricing import Price, cost
@@ -79,6 +82,7 @@ __all__ = [
     "BatchingOptions",
     "ControlError",
     "MemoryJournal",
+    "batch_endpoint",
     "split_requests",
 ]
 
@@ -134,6 +138,27 @@ def split_requests(lines: Sequence[bytes], max_requests: int, max_bytes: int) ->
     if current:
         groups.append(current)
     return groups
+
+
+def batch_endpoint(setup: BackendSetup, default: Endpoint | None = None) -> tuple[str, str]:
+    """The one endpoint a batch backend submits to, and its key: the recipe's, or
+    ``default`` (the provider's own API) where it names none.
+
+    Raises:
+        ConfigError: ``llm.endpoints`` lists more than one endpoint (a batch, its files
+            and its journal entry live on one account: spreading them would need one
+            journal per endpoint, and the second endpoint would otherwise be ignored),
+            or the endpoint's key variable is unset.
+    """
+    endpoints = recipe_endpoints(setup, default)
+    if len(endpoints) > 1:
+        raise ConfigError(
+            f"a batch API backend submits every batch to one endpoint; {len(endpoints)} "
+            "are listed (keep one, or use an online backend to spread calls over several)",
+            key_path="llm.endpoints",
+        )
+    endpoint = endpoints[0]
+    return endpoint.base_url, resolve_api_key(endpoint)
 
 
 @dataclasses.dataclass(frozen=True)

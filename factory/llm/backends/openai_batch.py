@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 from pydantic import Field
 
-from factory.errors import ConfigError, LLMError, LLMServerError
+from factory.errors import LLMError, LLMServerError
 from factory.llm.backends.base import (
     OPENAI_CACHE,
     Backend,
@@ -56,13 +56,12 @@ from factory.llm.backends.batching import (
     BatchLifecycle,
     BatchState,
     MemoryJournal,
+    batch_endpoint,
     split_requests,
 )
 from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
-from factory.llm.client import resolve_api_key
 from factory.llm.errormap import status_error
 from factory.llm.params import build_request
-from factory.llm.pool import Endpoint
 from factory.llm.pricing import Price, cost
 from factory.llm.types import Completion
 from factory.secrets import redact
@@ -217,35 +216,24 @@ class BatchBackend(BatchLifecycle):
 
 
 def build(setup: BackendSetup) -> Backend:
-    """A Batch API backend for ``setup.model``.
+    """A Batch API backend for ``setup.model`` on the recipe's one endpoint.
 
     Raises:
-        ConfigError: ``llm.endpoints`` lists more than one endpoint (a batch, its files
-            and its journal entry live on one account: spreading them would need one
-            journal per endpoint, and the second endpoint would otherwise be ignored).
+        ConfigError: more than one endpoint (``batching.batch_endpoint``), a missing key,
+            or a bad sampling option (by key).
     """
-    llm = setup.llm
-    if len(llm.endpoints) > 1:
-        raise ConfigError(
-            f"the Batch API backend submits every batch to one endpoint; {len(llm.endpoints)} "
-            "are listed (keep one, or use an online backend to spread calls over several)",
-            key_path="llm.endpoints",
-        )
-    endpoint = llm.endpoints[0]
+    build_request(setup.model, [], setup.llm.sampling)  # bad sampling options fail here, by key
+    base_url, api_key = batch_endpoint(setup)
     options = setup.options
     assert isinstance(options, BatchOptions)
-    api_key = resolve_api_key(
-        Endpoint(base_url=endpoint.base_url, api_key_env=endpoint.api_key_env)
-    )
-    build_request(setup.model, [], llm.sampling)  # bad sampling options fail here, by key
     return BatchBackend(
-        base_url=endpoint.base_url,
+        base_url=base_url,
         api_key=api_key,
         model=setup.model,
-        sampling=llm.sampling,
+        sampling=setup.llm.sampling,
         price=setup.price,
         options=options,
-        max_submissions=llm.retry.max_attempts,
+        max_submissions=setup.llm.retry.max_attempts,
         journal=setup.batch_journal,
         sleep=setup.sleep,
     )
