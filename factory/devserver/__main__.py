@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Anthropic Messages: the server_error defect answers 529 overloaded_error",
     )
+    p.add_argument(
+        "--gemini-cache-min-tokens",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="Gemini API: the shortest prefix a cachedContents cache takes (400 below it)",
+    )
     return p  # fmt: skip
 
 
@@ -159,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         batch_fail_first=args.batch_fail_first,
         batch_expire_first=args.batch_expire_first,
         anthropic_overloaded=args.anthropic_overloaded,
+        gemini_cache_min_tokens=args.gemini_cache_min_tokens,
     )
 
 

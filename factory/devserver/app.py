@@ -38,6 +38,7 @@ from factory.devserver import (
     anthropic,
     anthropic_batches,
     batches,
+    gemini,
     grounded,
     roles,
     simulate,
@@ -106,6 +107,8 @@ class DevServerConfig:
     # Anthropic Messages (``factory.devserver.anthropic``): the ``server_error`` defect
     # answers 529 ``overloaded_error`` there instead of 500 ``api_error``.
     anthropic_overloaded: bool = False
+    # Gemini API (``factory.devserver.gemini``): the shortest prefix a context cache takes.
+    gemini_cache_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -831,6 +834,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     anthropic_batches.add_routes(app, hooks)  # Message Batches: /v1/messages/batches
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
+    gemini.add_routes(app, hooks, serve_chat)
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app
