@@ -39,6 +39,7 @@ from factory.devserver import (
     anthropic_batches,
     batches,
     gemini,
+    gemini_batches,
     grounded,
     roles,
     simulate,
@@ -835,6 +836,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
     gemini.add_routes(app, hooks, serve_chat)
+    gemini_batches.add_routes(app, hooks)  # Batch API: models/M:batchGenerateContent, batches
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app

@@ -28,6 +28,7 @@ from factory.io.runstate import BatchJournal, batch_summary
 from factory.llm.backends import LLMRequest
 from factory.llm.backends.anthropic_batch import AnthropicBatchBackend, AnthropicBatchOptions
 from factory.llm.backends.batching import BatchLifecycle
+from factory.llm.backends.gemini_batch import GeminiBatchBackend, GeminiBatchOptions
 from factory.llm.pricing import PriceTable
 from tests.llm.backends.batchkit import answered, collect, ends, log_lines, requests, submitted
 
@@ -53,9 +54,28 @@ def _anthropic_cancel(url: str, batch_id: str) -> tuple[str, dict[str, str]]:
     return f"{url}/messages/batches/{batch_id}/cancel", headers
 
 
+def _gemini(url: str, journal: Any = None, **options: Any) -> BatchLifecycle:
+    return GeminiBatchBackend(
+        base_url=url,
+        api_key="unused",
+        model="factory-dev",
+        sampling={},
+        price=PRICE,
+        options=GeminiBatchOptions(**{**POLL, **options}),
+        max_submissions=4,
+        journal=journal,
+    )
+
+
+def _gemini_cancel(url: str, batch_id: str) -> tuple[str, dict[str, str]]:
+    base = url.rsplit("/v1", 1)[0]
+    return f"{base}/v1beta/{batch_id}:cancel", {"x-goog-api-key": "unused"}
+
+
 Make = Callable[..., BatchLifecycle]
 PROVIDERS: dict[str, tuple[Make, Callable[[str, str], tuple[str, dict[str, str]]], str]] = {
     "anthropic": (_anthropic, _anthropic_cancel, "max_requests_per_batch"),
+    "gemini": (_gemini, _gemini_cancel, "max_requests_per_batch"),
 }
 
 
@@ -227,3 +247,35 @@ def test_a_restarted_backend_reattaches_and_submits_nothing_twice(
     assert submitted(lines) == Counter({r.request_id: 1 for r in reqs})
     assert answered(lines) == Counter({r.request_id: 1 for r in reqs})
     assert len({e["batch_id"] for e in journal.load()}) == 2
+
+
+@pytest.mark.parametrize(
+    ("backend", "model", "cls"),
+    [
+        ("anthropic_batch", "claude-sonnet-4-5", AnthropicBatchBackend),
+        ("gemini_batch", "gemini-2.5-flash", GeminiBatchBackend),
+    ],
+)
+def test_a_batch_backend_takes_one_endpoint_naming_the_key(
+    tmp_path, monkeypatch, backend: str, model: str, cls: type
+) -> None:
+    import json
+
+    from factory.engine.stages.llm_stage import build_backend_for
+    from factory.errors import ConfigError
+    from factory.recipe import load_recipe
+    from tests.conftest import ROOT
+    from tests.helpers import stage_settings
+
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    two = [{"base_url": "http://127.0.0.1:9/v1"}, {"base_url": "http://127.0.0.1:10/v1"}]
+
+    def cfg(endpoints: list[dict[str, str]]) -> Any:
+        return load_recipe(ROOT / "pipelines" / "airline.yaml", [
+            f"output.dir={tmp_path}", f"llm.backend={backend}", f"llm.model={model}",
+            f"llm.endpoints={json.dumps(endpoints)}"])  # fmt: skip
+
+    with pytest.raises(ConfigError) as info:
+        build_backend_for(stage_settings(cfg(two), model=model))
+    assert info.value.key_path == "llm.endpoints" and "one endpoint" in str(info.value)
+    assert isinstance(build_backend_for(stage_settings(cfg(two[:1]), model=model)), cls)
