@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Answered", "Errored", "LineError", "NotRun", "Work", "process"]
+__all__ = ["Answered", "Errored", "LineError", "NotRun", "Work", "errored", "process"]
 
 
 class LineError(Exception):
@@ -90,8 +90,9 @@ class Work:
         return sum(1 for o in self.outcomes.values() if isinstance(o, kind))
 
 
-def _errored(config: Any, attempts: dict[str, int], key: str) -> bool:
-    """Does this request get a per-request error (drawn per key and attempt)?"""
+def errored(config: Any, attempts: dict[str, int], key: str) -> bool:
+    """Does this request get a per-request error (drawn per key and attempt: the same
+    draw on every wire, the OpenAI Batch API's included)?"""
     attempt = attempts.get(key, 0)
     attempts[key] = attempt + 1
     rate = config.batch_error_rate
@@ -134,7 +135,7 @@ async def process(
         if end != "completed":
             break
         await asyncio.sleep(per_line)
-        if _errored(config, attempts, key):
+        if errored(config, attempts, key):
             work.outcomes[key] = Errored(500, "The server had an error (simulated).")
             log(kind="batch", batch_id=work.batch_id, request_id=key, status=500, completed=False)
             continue
