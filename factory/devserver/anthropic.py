@@ -38,7 +38,7 @@ import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,6 +49,7 @@ __all__ = [
     "CACHE_TTL_S",
     "VERSIONS",
     "MarkedCache",
+    "ServeChat",
     "add_routes",
     "anthropic_headers",
     "chat_payload",
@@ -454,11 +455,14 @@ def anthropic_headers(headers: Mapping[str, str], *, now: datetime | None = None
 _CACHE: web.AppKey[MarkedCache] = web.AppKey("anthropic_cache", MarkedCache)
 
 
-def add_routes(app: web.Application, hooks: Any) -> None:
-    """Serve ``POST /v1/messages`` on ``app`` (``hooks.config``: the server's config)."""
-    # Imported here: factory.devserver.app imports this module to register it.
-    from factory.devserver.app import serve_chat
+#: ``factory.devserver.app.serve_chat``: answers a chat body (passed in: ``app`` imports
+#: this module, and the package's modules import no cycle).
+ServeChat = Callable[[web.Request, bytes | None], Awaitable[web.StreamResponse]]
 
+
+def add_routes(app: web.Application, hooks: Any, serve_chat: ServeChat) -> None:
+    """Serve ``POST /v1/messages`` on ``app`` (``hooks.config``: the server's config),
+    answering through ``serve_chat``."""
     app[_CACHE] = MarkedCache()
     overloaded = bool(getattr(hooks.config, "anthropic_overloaded", False))
 

@@ -831,7 +831,7 @@ def build_app(config: DevServerConfig) -> web.Application:
     app.router.add_post("/admin/stop", _admin_stop)
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
-    anthropic.add_routes(app, hooks)  # Anthropic Messages: /v1/messages
+    anthropic.add_routes(app, hooks, serve_chat)  # Anthropic Messages: /v1/messages
     anthropic_batches.add_routes(app, hooks)  # Message Batches: /v1/messages/batches
     # Other wire formats register here: each is one module with ``add_routes(app, hooks)``
     # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
