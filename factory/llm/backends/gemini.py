@@ -41,7 +41,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from factory.core.trajectory import IdentityMemo
 from factory.errors import ConfigError, LLMBadRequest, LLMError, LLMServerError, short
@@ -147,6 +147,14 @@ class GeminiOptions(BackendOptions):
     cache_decide_after_s: float = Field(
         30.0, ge=0, description="auto: requests are counted this long before deciding"
     )
+
+    @field_validator("explicit_cache", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: Any) -> Any:
+        """YAML reads a bare ``on``/``off`` as a boolean: take it as the word it was."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 # -- sampling ---------------------------------------------------------------------------
