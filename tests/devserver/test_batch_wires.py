@@ -5,6 +5,7 @@ tests/llm/backends/test_batch_providers.py)."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -19,6 +20,21 @@ def _post(url: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, 
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def _get(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def _until(url: str, headers: dict[str, str], ended: Any) -> dict[str, Any]:
+    """Poll ``url`` until ``ended(body)`` (the batch's task must not outlive the server)."""
+    for _ in range(400):
+        body = _get(url, headers)
+        if ended(body):
+            return body
+        time.sleep(0.025)
+    raise AssertionError(f"{url} never ended")
 
 
 def test_message_batches_need_the_key_and_valid_custom_ids(devserver) -> None:
@@ -43,6 +59,8 @@ def test_message_batches_need_the_key_and_valid_custom_ids(devserver) -> None:
     status, body = _post(url, {"requests": [one]}, keyed)
     assert status == 200 and body["type"] == "message_batch"
     assert body["processing_status"] == "in_progress" and body["request_counts"]["processing"] == 1
+    done = _until(f"{url}/{body['id']}", keyed, lambda b: b["processing_status"] == "ended")
+    assert done["request_counts"]["succeeded"] == 1 and done["results_url"].endswith("/results")
 
 
 def test_the_gemini_batch_api_needs_the_key_and_inline_requests(devserver) -> None:
@@ -61,3 +79,7 @@ def test_the_gemini_batch_api_needs_the_key_and_inline_requests(devserver) -> No
     assert status == 200 and body["name"].startswith("batches/")
     assert body["metadata"]["state"] == "BATCH_STATE_PENDING"
     assert body["metadata"]["displayName"] == "x"
+    done = _until(f"{base}/v1beta/{body['name']}", key, lambda b: b.get("done"))
+    assert done["metadata"]["state"] == "BATCH_STATE_SUCCEEDED"
+    (line,) = done["metadata"]["output"]["inlinedResponses"]["inlinedResponses"]
+    assert line["metadata"] == {"key": "a"} and line["response"]["candidates"]
