@@ -34,7 +34,17 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from factory.devserver import anthropic, batches, gemini, grounded, roles, simulate, textaction
+from factory.devserver import (
+    anthropic,
+    anthropic_batches,
+    batches,
+    gemini,
+    gemini_batches,
+    grounded,
+    roles,
+    simulate,
+    textaction,
+)
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -822,9 +832,12 @@ def build_app(config: DevServerConfig) -> web.Application:
     hooks = batches.BatchHooks(config, functools.partial(_batch_answer, state), state.log_line)
     batches.add_routes(app, hooks)
     # The other wire formats: each is one module with ``add_routes(app, hooks, serve_chat)``
-    # whose handlers answer through ``serve_chat`` (online) and ``hooks.answer`` (batch).
+    # (its batch API: ``add_routes(app, hooks)``) whose handlers answer through
+    # ``serve_chat`` (online) and ``hooks.answer`` (batch).
     anthropic.add_routes(app, hooks, serve_chat)  # Anthropic Messages: /v1/messages
+    anthropic_batches.add_routes(app, hooks)  # Message Batches: /v1/messages/batches
     gemini.add_routes(app, hooks, serve_chat)  # Gemini: /v1{,beta}/models/{model}:{method}
+    gemini_batches.add_routes(app, hooks)  # Batch API: models/M:batchGenerateContent, batches
     app.on_startup.append(_open_log)
     app.on_cleanup.append(_close_log)
     return app

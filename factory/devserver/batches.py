@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from factory.devserver.batchwork import errored
 
 __all__ = ["MAX_FILE_BYTES", "MAX_REQUESTS", "BatchHooks", "add_routes"]
 
@@ -228,17 +229,6 @@ def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], str | None]:
     return lines, None
 
 
-def _errored(books: _Batches, custom_id: str) -> bool:
-    """Does this request get a per-request error (drawn per custom id and attempt)?"""
-    rate = books.hooks.config.batch_error_rate
-    attempt = books.attempts.get(custom_id, 0)
-    books.attempts[custom_id] = attempt + 1
-    if not rate:
-        return False
-    seed = books.hooks.config.seed
-    return random.Random(f"{seed}:{custom_id}:{attempt}").random() < rate
-
-
 async def _process(books: _Batches, batch: dict[str, Any], index: int) -> None:
     """Run one batch: validate, answer its lines one by one, write its files."""
     cfg = books.hooks.config
@@ -275,7 +265,7 @@ async def _process(books: _Batches, batch: dict[str, Any], index: int) -> None:
         await asyncio.sleep(per_line)
         cid = line["custom_id"]
         rid = f"req_{uuid.uuid4().hex[:24]}"
-        if _errored(books, cid):
+        if errored(books.hooks.config, books.attempts, cid):
             body = {"error": {"message": "The server had an error (simulated).",
                               "type": "server_error", "param": None, "code": None}}  # fmt: skip
             entry = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": cid,
