@@ -26,7 +26,11 @@ __all__ = [
 
 
 class EndpointConfig(Section):
-    base_url: str = Field(description="OpenAI-compatible base URL ending in /v1.")
+    base_url: str = Field(
+        description="Base URL with the API's version path, e.g. https://api.openai.com/v1 "
+        "(an OpenAI-compatible server), https://api.anthropic.com/v1, "
+        "https://generativelanguage.googleapis.com/v1beta."
+    )
     api_key_env: str | None = Field(
         None,
         description="Name of the environment variable holding this endpoint's key. "
@@ -200,7 +204,8 @@ class LLMConfig(Section):
             )
         ],
         min_length=1,
-        description="One endpoint, or a pool of OpenAI-compatible servers.",
+        description="One endpoint, or a pool of servers (default: OpenAI's API; with "
+        "llm.backend anthropic or gemini, that provider's API and key variable).",
     )
     sampling: dict[str, Any] = Field(
         default_factory=dict,
@@ -209,9 +214,11 @@ class LLMConfig(Section):
     )
     backend: str = Field(
         "aiohttp",
-        description="How requests reach the model (factory.llm.backends): aiohttp (lean HTTP, "
-        "~3x less CPU per call), openai (the openai SDK), openai_batch (the Batch API), "
-        "ray_data (Ray Data LLM's HTTP or vLLM engine processor), or a plug-in's name.",
+        description="How requests reach the model (factory.llm.backends): aiohttp (lean HTTP "
+        "for any OpenAI-compatible server, ~3x less CPU per call), openai (the openai SDK), "
+        "openai_batch (the Batch API), anthropic / anthropic_batch (Anthropic's Messages API "
+        "and Message Batches), gemini / gemini_batch (Gemini's generateContent and Batch "
+        "API), ray_data (Ray Data LLM's HTTP or vLLM engine processor), or a plug-in's name.",
     )
     backend_options: dict[str, Any] = Field(
         default_factory=dict,
