@@ -26,6 +26,7 @@ from factory.llm.backends.openai_wire import (
     completion_from_openai,
     rate_limits_from_headers,
 )
+from factory.llm.errormap import HTTPStatusFailure
 from factory.llm.http import HTTPChatClient
 from factory.llm.pool import Endpoint
 from factory.llm.types import Completion, Request
@@ -48,7 +49,12 @@ class AiohttpTransport:
         self, request: Request, model: str, params: Mapping[str, Any], request_header: str
     ) -> Completion:
         payload = {"model": model, "messages": chat_messages(request.messages), **params}
-        body, headers = await self.http.post_chat(payload, request_header)
+        try:
+            body, headers = await self.http.post_chat(payload, request_header)
+        except HTTPStatusFailure as exc:
+            if exc.status == 429:  # a refusal states the budget too: the pacer re-bases
+                exc.rate_limits = rate_limits_from_headers(exc.headers)
+            raise
         completion = completion_from_openai(body, self.endpoint, model)
         limits = rate_limits_from_headers(headers)
         return completion if limits is None else replace(completion, rate_limits=limits)
