@@ -32,6 +32,11 @@ The estimate, per endpoint and per budget (requests; tokens):
 - **a refusal pauses the endpoint**: a 429's ``Retry-After`` holds back every request to
   that endpoint until it has passed (the estimate was wrong, or another client spends
   the same budget).
+- **headroom**: a request goes out when the estimate covers its cost plus a tenth of
+  the bucket (at most what the bucket can spare beside the request). What the estimate
+  cannot see (the other actors' requests since their last answer, time in transit) then
+  lands in that reserve instead of in a refusal; at steady state the budget still refills
+  at its full rate, so the pace is the same.
 - **no budget stated, no pacing**: an endpoint that never sent the headers (vLLM,
   SGLang) is not paced at all, and its 429s are left to the retry policy and the
   adaptive limiter.
@@ -90,9 +95,11 @@ class _Bucket:
                 self.level = min(self.capacity, self.level + self.rate * (now - self.stamp))
             self.stamp = now
 
-    def wait_s(self, cost: float) -> float:
-        """Seconds until ``cost`` is paid for, if reserved now (0: it fits now)."""
-        short = cost - self.level
+    def wait_s(self, cost: float, headroom: float) -> float:
+        """Seconds until ``cost`` is paid for with ``headroom`` (a share of the capacity)
+        left over, if reserved now (0: it fits now)."""
+        spare = min(headroom * self.capacity, max(0.0, self.capacity - cost))
+        short = cost + spare - self.level
         return short / self.rate if short > 0 else 0.0
 
 
@@ -128,12 +135,20 @@ class Pacer:
     Args:
         actors: how many clients (the run's actors) share each endpoint's budget; each
             pacer plans with ``1 / actors`` of it.
+        headroom: share of each bucket kept in reserve (see the module docstring).
         clock: monotonic seconds; the same clock as the send times given to
             :meth:`observe` (tests inject their own).
     """
 
-    def __init__(self, *, actors: int = 1, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        actors: int = 1,
+        headroom: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.share = 1.0 / max(1, actors)
+        self.headroom = headroom
         self._clock = clock
         self._endpoints: dict[str, _Endpoint] = {}
         #: True once some endpoint has stated a budget: until then the client skips the
@@ -261,5 +276,5 @@ class Pacer:
         wait = max(0.0, state.paused_until - now)
         for name, bucket in state.buckets.items():
             bucket.refill(now)
-            wait = max(wait, bucket.wait_s(1 if name == "requests" else tokens))
+            wait = max(wait, bucket.wait_s(1 if name == "requests" else tokens, self.headroom))
         return wait

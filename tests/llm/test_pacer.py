@@ -44,7 +44,7 @@ def test_without_a_stated_budget_nothing_is_paced() -> None:
 
 def test_requests_wait_in_order_for_the_refill() -> None:
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     pacer.observe("a", rpm(60, 2), sent_at=clock.now)  # 1 a second, 2 left
     assert pacer.active and pacer.paces("a")
     waits = [pacer.reserve(["a"], 0)[1] for _ in range(4)]
@@ -56,7 +56,7 @@ def test_requests_wait_in_order_for_the_refill() -> None:
 
 def test_a_newer_answer_re_bases_minus_what_was_sent_after_it() -> None:
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     pacer.observe("a", rpm(60, 0), sent_at=clock.now)
     for _ in range(3):  # sent at 10, 11, 12 (waits 1, 2, 3 after the refill)
         pacer.reserve(["a"], 0)
@@ -74,7 +74,7 @@ def test_a_newer_answer_re_bases_minus_what_was_sent_after_it() -> None:
 def test_capacity_is_read_from_the_reset_time_of_a_quantized_limit() -> None:
     """6,000 a minute enforced per second: 100 at most, not 6,000 (OpenAI's guide)."""
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     pacer.observe("a", rpm(6000, 0, reset_s=1.0), sent_at=clock.now)
     clock.now += 60.0  # a long idle minute refills one quantum, not the minute
     waits = [pacer.reserve(["a"], 0)[1] for _ in range(101)]
@@ -83,7 +83,7 @@ def test_capacity_is_read_from_the_reset_time_of_a_quantized_limit() -> None:
 
 def test_tokens_are_paced_by_each_request_cost() -> None:
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     limits = RateLimits(tokens_limit=6000, tokens_remaining=1000, tokens_reset_s=50.0)
     pacer.observe("a", limits, sent_at=clock.now)  # 100 tokens a second
     assert pacer.reserve(["a"], 800)[1] == 0.0
@@ -92,7 +92,7 @@ def test_tokens_are_paced_by_each_request_cost() -> None:
 
 def test_actors_sharing_a_budget_each_take_their_share() -> None:
     clock = Clock()
-    pacer = Pacer(actors=4, clock=clock)
+    pacer = Pacer(actors=4, headroom=0.0, clock=clock)
     pacer.observe("a", rpm(240, 8), sent_at=clock.now)  # 4 a second, 8 left: 1 and 2 each
     waits = [pacer.reserve(["a"], 0)[1] for _ in range(4)]
     assert waits == pytest.approx([0.0, 0.0, 1.0, 2.0])
@@ -100,7 +100,7 @@ def test_actors_sharing_a_budget_each_take_their_share() -> None:
 
 def test_a_refusal_re_bases_and_holds_the_endpoint_back() -> None:
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     # The first thing a client hears may be a refusal: it states the budget too.
     pacer.refused("a", 2.0, rpm(60, 0), sent_at=clock.now)
     assert pacer.active
@@ -111,7 +111,7 @@ def test_a_refusal_re_bases_and_holds_the_endpoint_back() -> None:
 
 def test_the_endpoint_with_room_takes_the_request_and_a_hedge_never_waits() -> None:
     clock = Clock()
-    pacer = Pacer(clock=clock)
+    pacer = Pacer(headroom=0.0, clock=clock)
     pacer.observe("a", rpm(60, 0), sent_at=clock.now)
     pacer.observe("b", rpm(60, 1), sent_at=clock.now)
     assert pacer.reserve(["a", "b"], 0) == ("b", 0.0)  # a would wait: b has room
@@ -181,3 +181,14 @@ def test_a_client_paced_by_the_headers_is_hardly_ever_refused(devserver: Any) ->
             assert refused < 0.02, stats
         else:  # some may even run out of attempts
             assert refused > 0.2, stats
+
+
+def test_headroom_keeps_a_share_of_the_bucket_but_never_blocks_a_large_request() -> None:
+    clock = Clock()
+    pacer = Pacer(headroom=0.1, clock=clock)
+    pacer.observe("a", rpm(600, 100, reset_s=0.0), sent_at=clock.now)  # 10 a second, 100
+    waits = [pacer.reserve(["a"], 0)[1] for _ in range(91)]
+    assert waits[89] == 0.0 and waits[90] == pytest.approx(0.1)  # 10 kept in reserve
+    limits = RateLimits(tokens_limit=600, tokens_remaining=600, tokens_reset_s=0.0)
+    pacer.observe("b", limits, sent_at=clock.now)
+    assert pacer.reserve(["b"], 590)[1] == 0.0  # only 10 to spare: the request goes now
