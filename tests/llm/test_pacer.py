@@ -169,7 +169,7 @@ def _send_all(url: str, n: int, *, pace: bool) -> list[Any]:
 def test_a_client_paced_by_the_headers_is_hardly_ever_refused(devserver: Any) -> None:
     """50 requests a second, 20 at most at once: the paced client is refused (almost)
     never; the same client without the pacer runs into the budget again and again."""
-    n = 80
+    n = 60
     for pace in (True, False):
         server = devserver(rate_rpm=3000, rate_window_s=0.4)
         results = _send_all(server.url, n, pace=pace)
