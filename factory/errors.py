@@ -170,14 +170,24 @@ class LLMTimeout(LLMError):
 
 
 class LLMRateLimited(LLMError):
-    """HTTP 429; ``retry_after`` is the server's hint in seconds, if it gave one."""
+    """HTTP 429; ``retry_after`` is the server's hint in seconds, if it gave one;
+    ``rate_limits`` the budget the refusal stated (a ``factory.llm.types.RateLimits``),
+    if it stated one: the client's pacer re-bases on it."""
 
     retryable = True
     reason = "llm_rate_limited"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        rate_limits: Any = None,
+        **kw: Any,
+    ):
         super().__init__(message, **kw)
         self.retry_after = retry_after
+        self.rate_limits = rate_limits
 
 
 class LLMServerError(LLMError):

@@ -137,6 +137,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Gemini API: the shortest prefix a cachedContents cache takes (400 below it)",
     )
+    p.add_argument(
+        "--rpm",
+        type=float,
+        default=None,
+        metavar="N",
+        help="requests per minute a provider's budget allows (429 beyond; x-ratelimit-* headers)",
+    )
+    p.add_argument(
+        "--tpm",
+        type=float,
+        default=None,
+        metavar="N",
+        help="tokens per minute (prompt estimate + max_tokens of each request)",
+    )
+    p.add_argument(
+        "--rate-window",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of the --rpm/--tpm budget held at once (60: a full minute; 1: "
+        "quantized per second, as OpenAI may enforce it)",
+    )
     return p  # fmt: skip
 
 
@@ -167,6 +189,9 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         batch_expire_first=args.batch_expire_first,
         anthropic_overloaded=args.anthropic_overloaded,
         gemini_cache_min_tokens=args.gemini_cache_min_tokens,
+        rate_rpm=args.rpm,
+        rate_tpm=args.tpm,
+        rate_window_s=args.rate_window,
     )
 
 

@@ -45,6 +45,7 @@ from factory.devserver import (
     simulate,
     textaction,
 )
+from factory.devserver.ratelimit import RateLimiter
 from factory.errors import ConfigError
 
 __all__ = ["DEFECTS", "DevServerConfig", "build_app", "parse_defects", "serve_chat"]
@@ -77,6 +78,9 @@ class DevServerConfig:
     content, independently of ``defects``. ``wrong_observation`` is the share of
     amplification answers (with a tool message) in which one observation
     contradicts the world (``grounded.corrupt_observation``), drawn the same way.
+    ``rate_rpm`` / ``rate_tpm`` meter a provider's budget (``factory.devserver.ratelimit``):
+    every chat answer then carries OpenAI's ``x-ratelimit-*`` headers, and a request
+    beyond the budget gets a 429 with ``Retry-After`` (``/stats``: ``rate_limited``).
     """
 
     port: int = 0
@@ -110,6 +114,11 @@ class DevServerConfig:
     anthropic_overloaded: bool = False
     # Gemini API (``factory.devserver.gemini``): the shortest prefix a context cache takes.
     gemini_cache_min_tokens: int = 1024
+    # A provider's budget (``factory.devserver.ratelimit``): requests and tokens per minute
+    # (None: unlimited), each bucket holding ``rate_window_s`` seconds of it.
+    rate_rpm: float | None = None
+    rate_tpm: float | None = None
+    rate_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
@@ -132,6 +141,7 @@ class DevServerConfig:
                 raise ConfigError("must be >= 0", key_path=f"devserver.{key}")
         if self.max_concurrency < 1:
             raise ConfigError("must be >= 1", key_path="devserver.max_concurrency")
+        RateLimiter(self.rate_rpm, self.rate_tpm, window_s=self.rate_window_s)  # the checks
         if not 0.0 <= self.fence_rate <= 1.0:
             raise ConfigError("must be within [0, 1]", key_path="devserver.fence_rate")
         rates = (
@@ -187,6 +197,25 @@ def _tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+def _message_tokens(message: dict[str, Any]) -> tuple[str, str, int]:
+    """A message's text, its tool calls' JSON and their estimated tokens (4 a message
+    for the role and separators)."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content)
+    extra = json.dumps(message["tool_calls"]) if message.get("tool_calls") else ""
+    return text, extra, _tokens(text) + _tokens(extra) + 4
+
+
+def _request_tokens(payload: dict[str, Any]) -> int:
+    """What a request costs against a token budget: its estimated prompt tokens plus
+    the output it may ask for (``factory.devserver.ratelimit`` says why)."""
+    tools = payload.get("tools")
+    prompt = _tokens(json.dumps(tools)) if tools else 0
+    prompt += sum(_message_tokens(m)[2] for m in payload["messages"])
+    most = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
+    return prompt + (most if isinstance(most, int) and most > 0 else 0)
+
+
 def _error(
     status: int,
     message: str,
@@ -235,6 +264,11 @@ class _State:
         self.runner: web.AppRunner | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.defect_table: list[tuple[float, str]] = []
+        self.limiter = (
+            RateLimiter(config.rate_rpm, config.rate_tpm, window_s=config.rate_window_s)
+            if config.rate_rpm is not None or config.rate_tpm is not None
+            else None
+        )
         # References answered as themselves, in arrival order (``repeat``), at most 4096.
         self.answered: list[simulate.Reference] = []
         total = 0.0
@@ -266,6 +300,7 @@ class _State:
             "grounded_answers": self.counts["grounded_answers"],
             "wrong_observations": self.counts["wrong_observations"],
             "repeated_answers": self.counts["repeated_answers"],
+            "rate_limited": self.counts["rate_limited"],
             "alive": not self.dead,
             "uptime_s": round(time.time() - self.started, 3),
         }
@@ -310,11 +345,9 @@ class _State:
         cached = 0
         keys: list[tuple[bytes, int]] = []
         for m in messages:
-            content = m.get("content")
-            text = content if isinstance(content, str) else json.dumps(content)
-            extra = json.dumps(m["tool_calls"]) if m.get("tool_calls") else ""
+            text, extra, tokens = _message_tokens(m)
             h.update(f"\x1e{m.get('role')}\x1f{m.get('name') or ''}\x1f{text}\x1f{extra}".encode())
-            total += _tokens(text) + _tokens(extra) + 4
+            total += tokens
             key = h.digest()
             if key in self.prefixes:
                 cached = total
@@ -336,6 +369,7 @@ class _State:
         *,
         received: float | None = None,
         request_id: str | None = None,
+        limited: str | None = None,
     ) -> None:
         self.by_status[str(status)] += 1
         if defect:
@@ -352,6 +386,7 @@ class _State:
                 "kind": kind,
                 "status": status,
                 "defect": defect,
+                "rate_limited": limited,  # the budget that refused it (--rpm / --tpm)
                 "completed": status == 200,
             }
             self.log.write(json.dumps(row) + "\n")
@@ -683,20 +718,34 @@ async def serve_chat(request: web.Request, body: bytes | None) -> web.StreamResp
     applied = defect if defect in TRANSPORT_DEFECTS else None  # content defects once applied
     state.by_kind[kind] += 1
     state.open += 1
+    limited: str | None = None
+    budget: dict[str, str] = {}  # the rate-limit headers every answer carries (--rpm/--tpm)
     try:
+        if state.limiter is not None:
+            admission = state.limiter.admit(_request_tokens(payload))
+            budget = admission.headers
+            if admission.limited is not None:
+                status, limited, applied = 429, admission.limited, None
+                state.counts["rate_limited"] += 1
+                return _error(
+                    429, f"Rate limit reached for {limited} per min (the factory devserver's "
+                    f"--{'rpm' if limited == 'requests' else 'tpm'}). Please try again in "
+                    f"{admission.retry_after_s:.3f}s.", limited, None, budget,
+                )  # fmt: skip
         if defect == "rate_limit":
             status = 429
             retry = state.config.retry_after_s
             return _error(
                 429, "Rate limit reached for requests (simulated by the factory devserver).",
-                "requests", None, {"Retry-After": str(math.ceil(retry)),
+                "requests", None, {**budget, "Retry-After": str(math.ceil(retry)),
                                    "retry-after-ms": str(int(retry * 1000))},
             )  # fmt: skip
         if defect == "server_error":
             status = 500
             return _error(
-                500, "The server had an error while processing your request.", "server_error"
-            )
+                500, "The server had an error while processing your request.", "server_error",
+                headers=budget or None,
+            )  # fmt: skip
         if defect == "stall":
             await asyncio.sleep(state.config.stall_s)
         latency = state.latency_s(drng)
@@ -740,7 +789,7 @@ async def serve_chat(request: web.Request, body: bytes | None) -> web.StreamResp
         state.counts.update(events)
         state.latency_total += latency
         status = 200
-        return web.Response(text=text, content_type="application/json")
+        return web.Response(text=text, content_type="application/json", headers=budget or None)
     finally:
         state.open -= 1
         state.record(
@@ -751,6 +800,7 @@ async def serve_chat(request: web.Request, body: bytes | None) -> web.StreamResp
             applied,
             received=received,
             request_id=request.headers.get("X-Client-Request-Id"),
+            limited=limited,
         )
 
 

@@ -130,6 +130,8 @@ class LLMStageSettings:
         batched: the backend takes batches (a batch API).
         cache: the response cache's folder, or None (``cache.enabled: false``).
         out_dir: the run's output folder (a batched backend keeps its journal there).
+        actors: the actors that each build the stage's backend: they share a provider's
+            rate-limit budget (``factory.llm.pacer``).
     """
 
     stage: str
@@ -142,6 +144,7 @@ class LLMStageSettings:
     cache: str | None
     out_dir: Path
     extra: dict[str, Any] = field(default_factory=dict)
+    actors: int = 1
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -188,6 +191,7 @@ def llm_stages(cfg: Recipe) -> dict[str, LLMStageSettings]:
             batched=batched,
             cache=cache_location(cfg),
             out_dir=Path(cfg.output.dir),
+            actors=cfg.ray.actors,
             extra={"verdict_requests": cfg.prefilter.verdict_requests}
             if stage == "prefilter"
             else {},

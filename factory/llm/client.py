@@ -41,6 +41,7 @@ from factory.errors import (
 from factory.llm.deadline import AttemptDeadline
 from factory.llm.errormap import translate_error
 from factory.llm.limiter import AdaptiveLimiter
+from factory.llm.pacer import Pacer
 from factory.llm.params import RequestParams, resolve_params
 from factory.llm.pool import Endpoint, EndpointPool, is_endpoint_failure
 from factory.llm.pricing import Price, cost
@@ -177,7 +178,11 @@ class LLMClient:
             goes out; raises when none may (the engine passes its driver watch: no
             request once the driver is gone).
         rng: jitter source.
-        clock: monotonic seconds for latency.
+        clock: monotonic seconds for latency (and the pacer's estimate).
+        actors: how many clients (the run's actors) share the endpoints' rate-limit
+            budgets: each paces itself to its share (``factory.llm.pacer``).
+        pace: pace requests by the budget an endpoint states in its answers' headers
+            (``factory.llm.pacer``); False: only retries and the adaptive limiter.
 
     Raises:
         ConfigError: bad sampling options, bad concurrency/timeout, a missing key
@@ -202,6 +207,8 @@ class LLMClient:
         before_send: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        actors: int = 1,
+        pace: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(
@@ -230,6 +237,8 @@ class LLMClient:
         self._clock = clock
         # Adaptive: halves on 429 / timeout / 5xx or queueing latency, grows back on success.
         self.limiter = AdaptiveLimiter(concurrency)
+        # Paced by a provider's stated budget: before the slot is taken (see ``_pace``).
+        self.pacer = Pacer(actors=actors, clock=clock) if pace else None
         _check_key_isolation(pool.endpoints)
         keys = {e.name: resolve_api_key(e) for e in pool.endpoints}
         self._clients = {e.name: client_factory(e, keys[e.name], timeout_s) for e in pool.endpoints}
@@ -292,7 +301,16 @@ class LLMClient:
         async def attempt(_number: int) -> Completion:
             nonlocal sent
             await self._wait_for_endpoint(give_up_at)
+            target = None
+            if self.pacer is not None and self.pacer.active:
+                target = await self._pace(self.pacer, request, params, tried, give_up_at)
             await self.limiter.acquire()
+            if target is None and self.pacer is not None and self.pacer.active:
+                # The first budget arrived while this request waited for its slot: pace it
+                # too (else every request queued for a slot goes out unpaced, into 429s).
+                await self.limiter.release()
+                target = await self._pace(self.pacer, request, params, tried, give_up_at)
+                await self.limiter.acquire()
             if self._before_send is not None:
                 # Again here, not only when the row was admitted: waiting for a slot or an
                 # endpoint can outlast the driver (its kill -9 on a loaded machine).
@@ -308,7 +326,7 @@ class LLMClient:
             hedged = retries["hedge"]
             try:
                 completion = await self._attempt(
-                    request, params, header, tried, give_up_at, retries
+                    request, params, header, tried, give_up_at, retries, target
                 )
             except (LLMRateLimited, LLMTimeout):  # refused or hung: an overload signal
                 self.limiter.on_attempt(overloaded=True)
@@ -400,6 +418,38 @@ class LLMClient:
             with must_wait(wait):  # an open breaker's cool-down is not cut short
                 await self._sleep(wait)
 
+    async def _pace(
+        self,
+        pacer: Pacer,
+        request: Request,
+        params: Mapping[str, Any],
+        tried: list[str],
+        give_up_at: float | None,
+    ) -> str | None:
+        """Wait until the endpoint that takes this request soonest has budget for it
+        (``factory.llm.pacer``); that endpoint, or None when none states a budget.
+
+        Why before the concurrency slot: a request paced for one endpoint must not hold a
+        slot a request to another endpoint (or an unpaced one) could use; and the wait
+        is planned (reserved in order), so a slot is rarely idle for it.
+
+        Raises:
+            LLMUnavailable: the wait would end after the request's deadline.
+        """
+        names = self._pool.candidates(avoid=tried)
+        first = names[0] if names else None
+        tokens = pacer.tokens(request, params, first) if first is not None else 0
+        name, wait = pacer.reserve(names, tokens)
+        if wait > 0:
+            if give_up_at is not None and self._clock() + wait >= give_up_at:
+                raise LLMUnavailable(
+                    f"{name}: its rate-limit budget has no room for the request before its "
+                    "deadline (llm.deadline.request_s)"
+                )
+            with must_wait(wait):  # the provider's budget, like a Retry-After: not cut short
+                await self._sleep(wait)
+        return name
+
     async def _attempt(
         self,
         request: Request,
@@ -408,10 +458,12 @@ class LLMClient:
         tried: list[str],
         give_up_at: float | None,
         hedges: Counter[str],
+        target: str | None = None,
     ) -> Completion:
-        lease = self._pool.acquire(avoid=tried)
+        lease = self._pool.acquire(avoid=tried, prefer=target)
         name = lease.endpoint.name
         sent = self._clock()
+        pacer = self.pacer
         try:
             transport = self._clients[name]
             completion, also_paid = await self._within_deadline(
@@ -419,6 +471,7 @@ class LLMClient:
                 name,
                 give_up_at,
                 hedges,
+                (request, params),
             )
             for other in also_paid:  # a hedge whose answer came too: it was paid as well
                 completion = replace(completion, usage=completion.usage + other.usage)
@@ -430,6 +483,8 @@ class LLMClient:
             if err is None:  # not a transport failure: a bug, surface it as is
                 self._pool.release(lease, True, self._clock() - sent)
                 raise
+            if pacer is not None and isinstance(err, LLMRateLimited):
+                pacer.refused(name, err.retry_after, err.rate_limits, sent)
             self._pool.release(lease, not is_endpoint_failure(err), self._clock() - sent, error=err)
             if err.retryable and name not in tried:
                 tried.append(name)
@@ -437,6 +492,8 @@ class LLMClient:
                 raise
             raise err from exc
         self._pool.release(lease, True, self._clock() - sent)
+        if pacer is not None and (pacer.active or completion.rate_limits is not None):
+            pacer.observe(name, completion.rate_limits, sent, completion.usage.output)
         return completion
 
     async def _within_deadline(
@@ -445,6 +502,7 @@ class LLMClient:
         endpoint: str,
         give_up_at: float | None,
         hedges: Counter[str],
+        asked: tuple[Request, Mapping[str, Any]] | None = None,
     ) -> tuple[Any, list[Any]]:
         """Await one attempt until its deadline, re-read while waiting (the policy may
         tighten once it has seen enough answers); cancel it when the deadline passes.
@@ -453,7 +511,8 @@ class LLMClient:
         median), with spare capacity and hedge budget left, the same request goes out
         once more (counted in ``hedges``);
         the first answer wins and the other is cancelled. Returns the answer and any other
-        answer that arrived with it (paid too: its cost is counted).
+        answer that arrived with it (paid too: its cost is counted). ``asked`` (the
+        request and its parameters) prices a hedge against a paced endpoint's budget.
         """
         loop = asyncio.get_running_loop()
         first: asyncio.Future[Any] = asyncio.ensure_future(make())
@@ -472,7 +531,11 @@ class LLMClient:
                 wake = min(remaining, 1.0)
                 if len(tasks) == 1:
                     due = self._hedge_due(started, now)
-                    hedge = self._hedge(make, hedges) if due is not None and due <= 0 else None
+                    hedge = (
+                        self._hedge(make, hedges, endpoint, asked)
+                        if due is not None and due <= 0
+                        else None
+                    )
                     if hedge is not None:
                         tasks.append(hedge)
                     elif due is not None:  # due later, or no spare slot yet: look again
@@ -511,14 +574,26 @@ class LLMClient:
         return started + after - now
 
     def _hedge(
-        self, make: Callable[[], Awaitable[Any]], hedges: Counter[str]
+        self,
+        make: Callable[[], Awaitable[Any]],
+        hedges: Counter[str],
+        endpoint: str = "",
+        asked: tuple[Request, Mapping[str, Any]] | None = None,
     ) -> asyncio.Future[Any] | None:
         """The same request once more on a spare slot of the limiter (given back when it
-        ends), or None when there is none now (the caller looks again later)."""
+        ends), or None when there is none now (the caller looks again later). At an
+        endpoint that states a budget, only when the budget has room now (a hedge is
+        never worth a wait or a refusal)."""
         if self._before_send is not None:
             self._before_send()
         if not self.limiter.try_spare():
             return None
+        pacer = self.pacer
+        if pacer is not None and asked is not None and pacer.paces(endpoint):
+            tokens = pacer.tokens(*asked, endpoint)
+            if not pacer.may_send_now(endpoint, tokens):
+                self._give_back_spare(None)
+                return None
         self._hedges += 1
         self._sent += 1
         hedges["hedge"] += 1

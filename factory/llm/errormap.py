@@ -32,6 +32,7 @@ from factory.errors import (
     short,
 )
 from factory.llm.retry import parse_retry_after
+from factory.llm.types import RateLimits
 from factory.secrets import redact
 
 __all__ = [
@@ -44,13 +45,22 @@ __all__ = [
 
 
 class HTTPStatusFailure(Exception):
-    """A non-2xx answer, as a transport without an SDK reports it (not yet translated)."""
+    """A non-2xx answer, as a transport without an SDK reports it (not yet translated);
+    ``rate_limits``: the budget its headers stated, read by the transport that knows the
+    provider's header names (a 429's: the client's pacer re-bases on it)."""
 
-    def __init__(self, status: int, body: bytes, headers: Mapping[str, str]):
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: Mapping[str, str],
+        rate_limits: RateLimits | None = None,
+    ):
         super().__init__(f"HTTP {status}")
         self.status = status
         self.body = body
         self.headers = headers
+        self.rate_limits = rate_limits
 
 
 class UnusableResponse(Exception):
@@ -100,7 +110,11 @@ def _sdk_detail(exc: openai.APIError) -> str:
 
 
 def status_error(
-    endpoint: str, status: int, detail: str, retry_after: float | None = None
+    endpoint: str,
+    status: int,
+    detail: str,
+    retry_after: float | None = None,
+    rate_limits: RateLimits | None = None,
 ) -> LLMError:
     """What an HTTP error status means: 429 rate limited, 408/409/5xx a server error
     (retryable), any other 4xx a bad request (retrying will not help).
@@ -110,12 +124,14 @@ def status_error(
         status: the HTTP status (400 or more).
         detail: the server's reason, already redacted and truncated.
         retry_after: the server's ``Retry-After`` in seconds, if it sent one.
+        rate_limits: the budget a 429 stated, if it stated one.
     """
     if status == 429:
         hint = f"; server asks to wait {retry_after:.1f}s" if retry_after is not None else ""
         return LLMRateLimited(
             f"{endpoint}: HTTP 429 rate limited{hint}: {detail}",
             retry_after=retry_after,
+            rate_limits=rate_limits,
             endpoint=endpoint,
             status=429,
         )
@@ -163,7 +179,11 @@ def translate_error(exc: BaseException, endpoint: str) -> LLMError | None:
         return _timeout(endpoint)
     if isinstance(exc, HTTPStatusFailure):
         return status_error(
-            endpoint, exc.status, _body_detail(exc.body), parse_retry_after(exc.headers)
+            endpoint,
+            exc.status,
+            _body_detail(exc.body),
+            parse_retry_after(exc.headers),
+            exc.rate_limits,
         )
     if isinstance(exc, UnusableResponse):
         text = short(redact(str(exc)), 120)

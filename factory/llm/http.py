@@ -25,6 +25,7 @@ HTTP failures are raised as foreign errors (``aiohttp.ClientError``,
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -95,8 +96,12 @@ class HTTPChatClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
-    async def post_chat(self, payload: dict[str, Any], request_id: str) -> dict[str, Any]:
-        """POST ``payload`` (``request_id`` as ``X-Client-Request-Id``); the JSON answer.
+    async def post_chat(
+        self, payload: dict[str, Any], request_id: str
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """POST ``payload`` (``request_id`` as ``X-Client-Request-Id``); the JSON answer and
+        the answer's headers (case-insensitive: a provider states its rate-limit budget
+        there, ``openai_wire.rate_limits_from_headers``).
 
         Raises:
             HTTPStatusFailure: a status of 400 or more (its body and headers kept).
@@ -118,7 +123,7 @@ class HTTPChatClient:
             raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc
         if not isinstance(answer, dict):
             raise UnusableResponse(raw[:1000].decode("utf-8", "replace"))
-        return answer
+        return answer, resp_headers
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

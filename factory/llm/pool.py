@@ -261,12 +261,30 @@ class EndpointPool:
             waits.append(min(1.0, self._min_cooldown / 2))  # poll until the probe answers
         return max(0.01, min(waits, default=1.0))
 
-    def acquire(self, *, avoid: Collection[str] = ()) -> Lease:
+    def candidates(self, *, avoid: Collection[str] = ()) -> list[str]:
+        """The endpoints :meth:`acquire` may pick now, in its order of preference (not
+        in ``avoid``, then least loaded): the client's pacer picks the first whose
+        rate-limit budget takes the request soonest."""
+        n = len(self._health)
+        usable = [i for i, h in enumerate(self._health) if self._selectable(h)]
+        order = sorted(
+            usable,
+            key=lambda i: (
+                self._health[i].endpoint.name in avoid,
+                self._health[i].in_flight / self._health[i].endpoint.weight,
+                (i - self._cursor) % n,
+            ),
+        )
+        return [self._health[i].endpoint.name for i in order]
+
+    def acquire(self, *, avoid: Collection[str] = (), prefer: str | None = None) -> Lease:
         """Pick an endpoint for one request and count it as in flight.
 
         Args:
             avoid: names of endpoints that already failed this request; used only
                 when a healthy alternative exists (failover, not exclusion).
+            prefer: the endpoint to take when it is selectable and not avoided (the
+                one the client's pacer reserved the request's budget at).
 
         Returns:
             A lease; ``lease.probe`` is set when it is a half-open breaker's probe.
@@ -279,7 +297,11 @@ class EndpointPool:
         if not usable:
             raise LLMServerError(self.unavailable_message())
         preferred = [i for i in usable if self._health[i].endpoint.name not in avoid]
-        chosen = self._least_loaded(preferred or usable)
+        chosen = next((i for i in preferred if self._health[i].endpoint.name == prefer), None)
+        if chosen is None:
+            chosen = self._least_loaded(preferred or usable)
+        else:
+            self._cursor = (chosen + 1) % len(self._health)
         health = self._health[chosen]
         probe = health.state is CircuitState.HALF_OPEN
         if probe:

@@ -80,6 +80,7 @@ def build_backend_for(settings: LLMStageSettings) -> Backend:
         before_send=watchdog.check,  # no hedge either
         batch_journal=BatchJournal(settings.out_dir) if settings.batched else None,
         run_dir=str(settings.out_dir),
+        actors=settings.actors,
     )
 
 

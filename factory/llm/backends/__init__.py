@@ -146,6 +146,7 @@ def build_backend(
     before_send: Callable[[], None] | None = None,
     batch_journal: BatchJournal | None = None,
     run_dir: str | None = None,
+    actors: int = 1,
 ) -> Backend:
     """The backend ``llm.backend`` names, built for ``model`` (one per actor).
 
@@ -163,6 +164,7 @@ def build_backend(
         before_send=before_send,
         batch_journal=batch_journal,
         run_dir=run_dir,
+        actors=actors,
         **({"sleep": sleep} if sleep is not None else {}),
     )
     return plugin.build(setup)

@@ -10,6 +10,7 @@ backend meets the wire: the neutral request becomes a chat-completions body
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from factory.llm.backends.base import (
@@ -20,7 +21,12 @@ from factory.llm.backends.base import (
     BackendSetup,
 )
 from factory.llm.backends.online import ClientBackend, build_llm_client
-from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
+from factory.llm.backends.openai_wire import (
+    chat_messages,
+    completion_from_openai,
+    rate_limits_from_headers,
+)
+from factory.llm.errormap import HTTPStatusFailure
 from factory.llm.http import HTTPChatClient
 from factory.llm.pool import Endpoint
 from factory.llm.types import Completion, Request
@@ -43,8 +49,15 @@ class AiohttpTransport:
         self, request: Request, model: str, params: Mapping[str, Any], request_header: str
     ) -> Completion:
         payload = {"model": model, "messages": chat_messages(request.messages), **params}
-        body = await self.http.post_chat(payload, request_header)
-        return completion_from_openai(body, self.endpoint, model)
+        try:
+            body, headers = await self.http.post_chat(payload, request_header)
+        except HTTPStatusFailure as exc:
+            if exc.status == 429:  # a refusal states the budget too: the pacer re-bases
+                exc.rate_limits = rate_limits_from_headers(exc.headers)
+            raise
+        completion = completion_from_openai(body, self.endpoint, model)
+        limits = rate_limits_from_headers(headers)
+        return completion if limits is None else replace(completion, rate_limits=limits)
 
     async def close(self) -> None:
         await self.http.close()

@@ -117,6 +117,8 @@ class BackendSetup:
         run_dir: the run's output folder, or None (no run: ``factory evaluate``, tests);
             a backend whose actors share one thing (``ray_data``'s gateway) names it
             after this.
+        actors: how many actors build this backend at once and so share a provider's
+            rate-limit budget (``factory.llm.pacer`` paces each to its share).
     """
 
     llm: LLMConfig
@@ -128,6 +130,7 @@ class BackendSetup:
     before_send: Callable[[], None] | None = None
     batch_journal: BatchJournal | None = None
     run_dir: str | None = None
+    actors: int = 1
 
 
 class Backend(ABC):

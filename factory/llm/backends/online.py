@@ -79,6 +79,7 @@ def build_llm_client(
         client_factory=client_factory,
         sleep=setup.sleep,
         before_send=setup.before_send,
+        actors=setup.actors,
     )
 
 

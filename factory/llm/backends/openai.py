@@ -9,6 +9,7 @@ to the neutral completion (``openai_wire``), the one place this backend reads it
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import openai
@@ -21,7 +22,11 @@ from factory.llm.backends.base import (
     BackendSetup,
 )
 from factory.llm.backends.online import ClientBackend, build_llm_client
-from factory.llm.backends.openai_wire import chat_messages, completion_from_openai
+from factory.llm.backends.openai_wire import (
+    chat_messages,
+    completion_from_openai,
+    rate_limits_from_headers,
+)
 from factory.llm.pool import Endpoint
 from factory.llm.types import Completion, Request
 
@@ -35,25 +40,37 @@ class OpenAIOptions(BackendOptions):
 class SDKTransport:
     """One endpoint's ``factory.llm.client.Transport`` over ``openai.AsyncOpenAI``.
 
+    The SDK's ``with_raw_response`` gives the answer's headers (the provider's
+    rate-limit budget, ``RateLimits``) with the same parse the plain call does (the SDK
+    builds its raw-response object either way: one more header sent, no extra decode).
+
     Args:
-        sdk: the SDK client (tests pass a stand-in with ``chat.completions.create``).
+        sdk: the SDK client (tests pass a stand-in with ``chat.completions.create``,
+            answering a mapping or a model without headers).
     """
 
     def __init__(self, endpoint: Endpoint, sdk: Any):
         self.sdk = sdk
         self.endpoint = endpoint.name
+        completions = sdk.chat.completions
+        self._create = getattr(completions, "with_raw_response", completions).create
 
     async def send(
         self, request: Request, model: str, params: Mapping[str, Any], request_header: str
     ) -> Completion:
-        response = await self.sdk.chat.completions.create(
+        response = await self._create(
             model=model,
             messages=chat_messages(request.messages),
             **params,
             extra_headers={"X-Client-Request-Id": request_header},
         )
+        headers = getattr(response, "headers", None)  # the raw response's; a stand-in: none
+        if headers is not None:
+            response = response.parse()
         body = response if isinstance(response, Mapping) else response.model_dump()
-        return completion_from_openai(body, self.endpoint, model)
+        completion = completion_from_openai(body, self.endpoint, model)
+        limits = rate_limits_from_headers(headers) if headers is not None else None
+        return completion if limits is None else replace(completion, rate_limits=limits)
 
     async def close(self) -> None:
         close = getattr(self.sdk, "close", None)

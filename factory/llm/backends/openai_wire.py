@@ -15,16 +15,20 @@ reader, so the names stay as they are on disk while the code reads ``Usage`` fie
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from factory.errors import LLMServerError
-from factory.llm.types import Completion, Message, ToolCall, Usage
+from factory.llm.types import Completion, Message, RateLimits, ToolCall, Usage
 
 __all__ = [
     "chat_messages",
     "completion_from_openai",
     "message_to_openai",
+    "parse_duration",
+    "rate_limits_from_headers",
     "tokens_record",
     "tokens_usage",
     "usage_from_openai",
@@ -136,6 +140,67 @@ def completion_from_openai(body: Mapping[str, Any], endpoint: str, model: str) -
         finish_reason=choice.get("finish_reason"),
         tool_calls=_tool_calls(message.get("tool_calls")),
     )
+
+
+# -- the rate-limit budget ---------------------------------------------------------------
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_duration(text: str) -> float | None:
+    """A reset time as OpenAI writes it (Go's duration format: ``1s``, ``6m0s``,
+    ``59.5ms``, ``2m59.56s``; a bare number is seconds) in seconds, or None when it is
+    not one."""
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return seconds if 0 <= seconds < math.inf else None
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _header_duration(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    return parse_duration(value) if value is not None else None
+
+
+def rate_limits_from_headers(headers: Mapping[str, str]) -> RateLimits | None:
+    """OpenAI's budget headers (``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``,
+    platform.openai.com/docs/guides/rate-limits) as ``RateLimits``; None when the answer
+    states no budget (vLLM, SGLang), so the client does not pace that endpoint.
+
+    ``headers`` must match names case-insensitively (aiohttp's and httpx's do); a value
+    that is not a number or a duration reads as absent.
+    """
+    if (
+        "x-ratelimit-remaining-requests" not in headers
+        and "x-ratelimit-remaining-tokens" not in headers
+    ):
+        return None  # the common case of a local server: two lookups and out
+    limits = RateLimits(
+        requests_limit=_header_int(headers, "x-ratelimit-limit-requests"),
+        requests_remaining=_header_int(headers, "x-ratelimit-remaining-requests"),
+        requests_reset_s=_header_duration(headers, "x-ratelimit-reset-requests"),
+        tokens_limit=_header_int(headers, "x-ratelimit-limit-tokens"),
+        tokens_remaining=_header_int(headers, "x-ratelimit-remaining-tokens"),
+        tokens_reset_s=_header_duration(headers, "x-ratelimit-reset-tokens"),
+    )
+    return limits if limits.known else None
 
 
 # -- the factory's token record ---------------------------------------------------------
