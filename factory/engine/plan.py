@@ -290,13 +290,14 @@ class Plan:
         def usd(value: float | None) -> str:
             return "unpriced" if value is None else f"{value:,.2f}"
 
+        width = max([17, *(len(s.model) for s in self.stages)]) + 1  # a model id fits
         lines = [
-            f"{'stage':<11}{'model':<18}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
+            f"{'stage':<11}{'model':<{width}}{'calls':>9}{'prompt tok':>14}{'cached tok':>14}"
             f"{'completion tok':>16}{'no cache USD':>14}{'cost USD':>12}{'batch USD':>12}"
         ]
         for s in self.stages:
             lines.append(
-                f"{s.stage:<11}{s.model:<18}{s.calls:>9,}{s.input_tokens:>14,}"
+                f"{s.stage:<11}{s.model:<{width}}{s.calls:>9,}{s.input_tokens:>14,}"
                 f"{s.cached_tokens:>14,}{s.output_tokens:>16,}{usd(s.uncached_cost_usd):>14}"
                 f"{usd(s.cost_usd):>12}{usd(s.batch_cost_usd):>12}"
             )
