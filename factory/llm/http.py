@@ -33,7 +33,7 @@ import aiohttp
 from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
 from factory.llm.pool import Endpoint
 
-__all__ = ["HTTPChatClient", "encode_body"]
+__all__ = ["HTTPChatClient", "JSONSession", "encode_body"]
 
 # A system message this long is encoded once and its JSON reused.
 _REUSED_CHARS = 2048
@@ -80,13 +80,13 @@ def encode_body(payload: dict[str, Any]) -> bytes:
     return ("{" + ", ".join(parts) + "}").encode()
 
 
-class HTTPChatClient:
-    """One endpoint's HTTP session (built lazily inside the running event loop)."""
+class JSONSession:
+    """One endpoint's HTTP session (built lazily inside the running event loop) that sends
+    a JSON body and reads a JSON object back: what every online wire format needs (chat
+    completions here, Anthropic's Messages and Gemini's generateContent in their backend
+    modules), so each provider module maps bodies and answers, never sockets."""
 
-    def __init__(self, endpoint: Endpoint, api_key: str, timeout_s: float):
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
-        self.name = endpoint.name
-        self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    def __init__(self, timeout_s: float):
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -96,26 +96,32 @@ class HTTPChatClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
-    async def post_chat(
-        self, payload: dict[str, Any], request_id: str
+    async def request_json(
+        self,
+        method: str,
+        url: str,
+        data: bytes | str | None,
+        headers: Mapping[str, str],
+        *,
+        empty: bool = False,
     ) -> tuple[dict[str, Any], Mapping[str, str]]:
-        """POST ``payload`` (``request_id`` as ``X-Client-Request-Id``); the JSON answer and
-        the answer's headers (case-insensitive: a provider states its rate-limit budget
-        there, ``openai_wire.rate_limits_from_headers``).
+        """Send ``data`` (a JSON body, or none); the JSON object answered and the answer's
+        headers (case-insensitive: a provider states its rate-limit budget there).
+        ``empty``: an empty body is ``{}`` (a DELETE's answer), not a broken answer.
 
         Raises:
             HTTPStatusFailure: a status of 400 or more (its body and headers kept).
             UnusableResponse: a body that is not a JSON object.
             aiohttp.ClientError: the connection failed.
         """
-        headers = {**self._headers, "X-Client-Request-Id": request_id}
-        body = encode_body(payload)
-        async with self._get_session().post(self.url, data=body, headers=headers) as resp:
+        async with self._get_session().request(method, url, data=data, headers=headers) as resp:
             raw = await resp.read()
             status = resp.status
             resp_headers = resp.headers
         if status >= 400:
             raise HTTPStatusFailure(status, raw, resp_headers)
+        if empty and not raw:
+            return {}, resp_headers
         try:
             answer = json.loads(raw)
         except ValueError as exc:
@@ -128,3 +134,25 @@ class HTTPChatClient:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+class HTTPChatClient(JSONSession):
+    """One endpoint's chat-completions client: ``POST {base}/chat/completions``."""
+
+    def __init__(self, endpoint: Endpoint, api_key: str, timeout_s: float):
+        super().__init__(timeout_s)
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.name = endpoint.name
+        self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+
+    async def post_chat(
+        self, payload: dict[str, Any], request_id: str
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """POST ``payload`` (``request_id`` as ``X-Client-Request-Id``); the JSON answer and
+        the answer's headers (``openai_wire.rate_limits_from_headers`` reads the budget).
+
+        Raises:
+            HTTPStatusFailure, UnusableResponse, aiohttp.ClientError: as ``request_json``.
+        """
+        headers = {**self._headers, "X-Client-Request-Id": request_id}
+        return await self.request_json("POST", self.url, encode_body(payload), headers)

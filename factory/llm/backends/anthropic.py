@@ -58,8 +58,8 @@ from factory.llm.backends.base import (
     CacheTerms,
 )
 from factory.llm.backends.online import ClientBackend, build_llm_client, recipe_endpoints
-from factory.llm.errormap import HTTPStatusFailure, UnusableResponse
-from factory.llm.http import HTTPChatClient
+from factory.llm.errormap import HTTPStatusFailure
+from factory.llm.http import JSONSession
 from factory.llm.params import REASONING_EFFORTS, SAMPLING_KEYS
 from factory.llm.pool import Endpoint
 from factory.llm.types import Completion, Message, RateLimits, Request, Tool, ToolCall, Usage
@@ -508,7 +508,7 @@ class HTTPTransport:
     {base}/messages``, ``x-api-key`` and the pinned ``anthropic-version``)."""
 
     def __init__(self, endpoint: Endpoint, api_key: str, timeout_s: float, params: _Params) -> None:
-        self.http = HTTPChatClient(endpoint, api_key, timeout_s)  # its session handling
+        self.http = JSONSession(timeout_s)
         self.url = endpoint.base_url.rstrip("/") + "/messages"
         self.endpoint = endpoint.name
         self.params = params
@@ -524,18 +524,12 @@ class HTTPTransport:
         payload = messages_body(request, model, self.params.of(request))
         data = json.dumps(payload, ensure_ascii=False).encode()
         headers = {**self._headers, "X-Client-Request-Id": request_header}
-        session = self.http._get_session()  # one session per endpoint, as for chat
-        async with session.post(self.url, data=data, headers=headers) as resp:
-            raw = await resp.read()
-            status, resp_headers = resp.status, resp.headers
-        if status >= 400:
-            raise HTTPStatusFailure(status, raw, resp_headers)
         try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc
-        if not isinstance(body, dict):
-            raise UnusableResponse(raw[:1000].decode("utf-8", "replace"))
+            body, resp_headers = await self.http.request_json("POST", self.url, data, headers)
+        except HTTPStatusFailure as exc:
+            if exc.status == 429:  # a refusal states the budget too: the pacer re-bases
+                exc.rate_limits = rate_limits_from_headers(exc.headers)
+            raise
         completion = completion_from_anthropic(body, self.endpoint, model)
         return _with_limits(completion, resp_headers)
 

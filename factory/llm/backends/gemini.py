@@ -40,7 +40,6 @@ from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 from pydantic import Field, field_validator
 
 from factory.core.trajectory import IdentityMemo
@@ -58,7 +57,8 @@ from factory.llm.backends.gemini_cache import (
     min_cache_tokens,
 )
 from factory.llm.backends.online import ClientBackend, build_llm_client, recipe_endpoints
-from factory.llm.errormap import UnusableResponse, status_error
+from factory.llm.errormap import HTTPStatusFailure, status_error
+from factory.llm.http import JSONSession
 from factory.llm.params import resolve_params
 from factory.llm.pool import Endpoint
 from factory.llm.retry import parse_retry_after
@@ -541,14 +541,7 @@ class HTTPTransport:
         self.wire = wire
         self.cache = cache
         self._headers = {"x-goog-api-key": api_key, "Content-Type": "application/json"}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        return self._session
+        self.http = JSONSession(timeout_s)
 
     async def call(
         self, method: str, path: str, body: Mapping[str, Any] | None, request_header: str = ""
@@ -565,18 +558,12 @@ class HTTPTransport:
             headers["X-Client-Request-Id"] = request_header
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode()
         url = f"{self.base}/{path}"
-        async with self._get_session().request(method, url, data=data, headers=headers) as resp:
-            raw = await resp.read()
-            status = resp.status
-            resp_headers = resp.headers
-        if status >= 400:
-            raise gemini_error(self.endpoint, status, _decode_error(raw), resp_headers)
         try:
-            answer = json.loads(raw) if raw else {}
-        except ValueError as exc:
-            raise UnusableResponse(raw[:1000].decode("utf-8", "replace")) from exc
-        if not isinstance(answer, dict):
-            raise UnusableResponse(raw[:1000].decode("utf-8", "replace"))
+            answer, _ = await self.http.request_json(method, url, data, headers, empty=True)
+        except HTTPStatusFailure as failure:  # Google's error shape: its own reading
+            raise gemini_error(
+                self.endpoint, failure.status, _decode_error(failure.body), failure.headers
+            ) from None
         return answer
 
     async def _generate(self, body: dict[str, Any], model: str, header: str) -> dict[str, Any]:
@@ -592,8 +579,7 @@ class HTTPTransport:
     async def close(self) -> None:
         if self.cache is not None:
             await self.cache.aclose(self)
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        await self.http.close()
 
 
 class SDKTransport:
