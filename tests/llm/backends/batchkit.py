@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from factory.llm.backends import Backend, LLMRequest, LLMResult
 
 SYSTEM = "You are the airline's agent. " + "Follow the policy. " * 40
@@ -58,3 +60,20 @@ def submitted(lines: list[dict[str, Any]]) -> Counter[str]:
 
 def ends(lines: list[dict[str, Any]]) -> list[str]:
     return [r["status"] for r in lines if r.get("kind") == "batch_end"]
+
+
+def answering(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, *answers: Any
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """Stand a batch backend's control calls (``_call``) in for the provider: each answers
+    the next of ``answers`` (a documented shape from the fixtures); what was called comes
+    back as (method, path, keyword arguments), for the pure tests of one wire."""
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    queue = list(answers)
+
+    async def call(method: str, path: str, **kw: Any) -> Any:
+        calls.append((method, path, kw))
+        return queue.pop(0)
+
+    monkeypatch.setattr(backend, "_call", call)
+    return calls

@@ -1,23 +1,26 @@
 """The ``anthropic_batch`` wire, pure: request lines, custom ids, limits, batch states and
 result lines of every type.
 
-The shapes below are Anthropic's documented ones (API reference, "Create a Message
-Batch", "Retrieve a Message Batch", "Retrieve Message Batch results":
-https://docs.claude.com/en/api/creating-message-batches and the pages beside it;
-anthropic-sdk-python ``types/messages/message_batch.py``,
-``message_batch_individual_response.py``, ``message_batch_*_result.py``).
+The provider's shapes are fixtures written from Anthropic's documentation and SDK
+(``tests/fixtures/providers/anthropic/batch``, sources in its README): every
+``MessageBatch`` there goes through :func:`batch_state`, the results file through the
+backend's own ``_read``, the listing through ``_find`` and the create call's body is
+compared with the documented one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from datetime import datetime
+from typing import Any
 
 import pytest
 
 from factory.errors import LLMBadRequest, LLMError, LLMRateLimited, LLMServerError
 from factory.llm.backends import get_backend
-from factory.llm.backends.anthropic import ANTHROPIC_VERSION
+from factory.llm.backends.anthropic import ANTHROPIC_VERSION, DEFAULT_ENDPOINT
 from factory.llm.backends.anthropic_batch import (
     AnthropicBatchBackend,
     AnthropicBatchOptions,
@@ -26,62 +29,23 @@ from factory.llm.backends.anthropic_batch import (
     parse_result_line,
     unclaimed_match,
 )
-from factory.llm.backends.batching import split_requests
-from factory.llm.types import Completion
-from tests.llm.backends.batchkit import requests
+from factory.llm.backends.batching import LIVE, TERMINAL, split_requests
+from factory.llm.types import Completion, ToolCall, Usage
+from tests.conftest import ROOT
+from tests.llm.backends.batchkit import answering, requests
 
 ENDPOINT = "api.anthropic.com"
+FIXTURES = ROOT / "tests/fixtures/providers/anthropic/batch"
 
-# A MessageBatch while it runs and once it ended (the reference's example objects).
-IN_PROGRESS = {
-    "id": "msgbatch_013Zva2CMHLNnXjNJJKqJ2EF",
-    "type": "message_batch",
-    "processing_status": "in_progress",
-    "request_counts": {
-        "processing": 100,
-        "succeeded": 50,
-        "errored": 30,
-        "canceled": 10,
-        "expired": 10,
-    },
-    "ended_at": None,
-    "created_at": "2024-08-20T18:37:24.100435Z",
-    "expires_at": "2024-08-21T18:37:24.100435Z",
-    "archived_at": None,
-    "cancel_initiated_at": None,
-    "results_url": None,
-}
-SUCCEEDED = {
-    "custom_id": "my-first-request",
-    "result": {
-        "type": "succeeded",
-        "message": {
-            "id": "msg_014VwiXbi91y3JMjcpyGBHX5",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-sonnet-4-5",
-            "content": [{"type": "text", "text": "Hello again! It's nice to see you."}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": 11,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 1200,
-                "output_tokens": 36,
-            },
-        },
-    },
-}
-ERRORED = {
-    "custom_id": "my-second-request",
-    "result": {
-        "type": "errored",
-        "error": {
-            "type": "error",
-            "error": {"type": "invalid_request_error", "message": "Validation error..."},
-        },
-    },
-}
+
+def fixture(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def result_lines() -> dict[str, dict[str, Any]]:
+    """The documented results file's lines by custom id."""
+    lines = (json.loads(raw) for raw in (FIXTURES / "results.jsonl").read_text().splitlines())
+    return {line["custom_id"]: line for line in lines}
 
 
 def _backend(**options: object) -> AnthropicBatchBackend:
@@ -136,51 +100,127 @@ def test_limits_split_batches_by_count_and_by_bytes() -> None:
         AnthropicBatchOptions(max_batch_mb=257)
 
 
-def test_batch_states_in_neutral_words() -> None:
-    live = batch_state(IN_PROGRESS)
-    assert (live.batch_id, live.status) == (IN_PROGRESS["id"], "in_progress")
-    assert live.counts == {"total": 200, "completed": 50, "failed": 50}
-    assert live.fields["provider_status"] == "in_progress"
-    assert batch_state({**IN_PROGRESS, "processing_status": "canceling"}).status == "cancelling"
-    ended = {**IN_PROGRESS, "processing_status": "ended", "results_url": "https://x/results",
-             "request_counts": {"processing": 0, "succeeded": 3, "errored": 1, "canceled": 0,
-                                "expired": 0}}  # fmt: skip
-    done = batch_state(ended)
-    assert done.status == "completed" and done.fields["results_url"] == "https://x/results"
-    expired = batch_state({**ended, "request_counts": {"succeeded": 2, "expired": 2}})
-    assert expired.status == "expired" and "expired" in str(expired.error)
-    cancelled = batch_state({**ended, "cancel_initiated_at": "2024-08-20T19:00:00Z",
-                             "request_counts": {"succeeded": 2, "canceled": 2}})  # fmt: skip
-    assert cancelled.status == "cancelled" and cancelled.counts == {
-        "total": 4, "completed": 2, "failed": 2}  # fmt: skip
+def test_the_documented_create_body_is_what_the_backend_sends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    documented = fixture("create_request.json")
+    created = fixture("batch_in_progress.json")["body"]
+    backend = _backend()
+    calls = answering(backend, monkeypatch, created)
+    lines = [backend._line(r, r.request_id) for r in requests(2)]
+    state = asyncio.run(backend._create({"key": "k"}, lines))
+    ((method, path, kw),) = calls
+    assert (method, path) == ("POST", "/messages/batches")
+    assert kw["headers"] == {"content-type": "application/json"}
+    sent = json.loads(kw["data"])
+    assert set(sent) == set(documented)
+    for ours, theirs in zip(sent["requests"], documented["requests"], strict=True):
+        assert set(ours) == set(theirs)  # custom_id, params
+        assert set(theirs["params"]) <= set(ours["params"])  # model, max_tokens, messages
+    assert [r["custom_id"] for r in sent["requests"]] == ["r-0", "r-1"]
+    assert state is not None
+    assert state.batch_id == created["id"] and state.status == "in_progress"
 
 
-def test_result_lines_of_every_type() -> None:
-    cid, ok = parse_result_line(SUCCEEDED, ENDPOINT, "claude-sonnet-4-5")
-    assert cid == "my-first-request" and isinstance(ok, Completion)
-    assert ok.text.startswith("Hello again") and ok.finish_reason == "stop"
-    assert ok.usage.input == 1211 and ok.usage.cached_input == 1200 and ok.usage.output == 36
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("batch_*.json")))
+def test_documented_batches_in_neutral_words(name: str) -> None:
+    case = fixture(name)
+    body, expect = case["body"], case["expect"]
+    state = batch_state(body)
+    assert state.batch_id == body["id"]
+    assert state.status == expect["status"] and state.status in LIVE + TERMINAL
+    assert state.counts == expect["counts"]
+    assert state.fields == {
+        "provider_status": body["processing_status"],
+        "results_url": body["results_url"],
+        "expires_at": body["expires_at"],
+        "created_at": body["created_at"],
+    }
+    if expect["error"] is None:
+        assert state.error is None
+    else:  # an ended batch that did not run everything says why
+        assert expect["error"] in str(state.error)
 
-    cid, bad = parse_result_line(ERRORED, ENDPOINT, "claude-sonnet-4-5")
-    assert cid == "my-second-request"
+
+def test_the_documented_results_file_maps_every_result_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ended = fixture("batch_ended.json")["body"]
+    backend = _backend()
+    calls = answering(backend, monkeypatch, (FIXTURES / "results.jsonl").read_bytes())
+    entry = {"batch_id": ended["id"], **batch_state(ended).fields}
+    got = asyncio.run(backend._read(entry))
+    # the results are read from the batch's results_url, which is on the API's own host
+    assert [(m, p, kw) for m, p, kw in calls] == [("GET", ended["results_url"], {"raw": True})]
+    official = AnthropicBatchBackend(
+        base_url=DEFAULT_ENDPOINT.base_url, api_key="k", model="m", sampling={}, price=None,
+        options=AnthropicBatchOptions(), max_submissions=1,
+    )  # fmt: skip
+    assert official._url(ended["results_url"]) == ended["results_url"]
+    assert set(got) == set(result_lines())
+
+    text = got["my-second-request"]  # a cache read, billed at the batch tier
+    assert isinstance(text, Completion) and text.text.startswith("Hello again")
+    assert text.finish_reason == "stop" and text.reasoning is None
+    assert text.usage == Usage(input=11 + 5843, cached_input=5843, output=36)
+
+    tool = got["my-first-request"]  # thinking, text and a tool call; a cache write
+    assert isinstance(tool, Completion) and tool.finish_reason == "tool_calls"
+    assert tool.reasoning is not None and tool.reasoning.startswith("The reservation id")
+    assert tool.text == "I'll look up the reservation first."
+    assert tool.tool_calls == (
+        ToolCall("toolu_01A09q90qw90lq917835lq9", "get_reservation_details",
+                 json.dumps({"reservation_id": "ZFA04Y"})),
+    )  # fmt: skip
+    assert tool.usage == Usage(input=21 + 5843, cache_write=5843, output=140)
+
+    bad = got["my-third-request"]  # its error response nested as the SDK's ErrorResponse
     assert isinstance(bad, LLMBadRequest) and not bad.retryable  # fixing it takes a new request
-    assert "invalid_request_error" in str(bad) and "Validation error" in str(bad)
-
-    def errored(kind: str) -> LLMError:
-        line = {"custom_id": "c", "result": {"type": "errored", "error": {
-            "type": "error", "error": {"type": kind, "message": "try later"}}}}  # fmt: skip
-        got = parse_result_line(line, ENDPOINT, "m")[1]
-        assert isinstance(got, LLMError)
-        return got
-
-    assert isinstance(errored("overloaded_error"), LLMServerError)
-    assert errored("overloaded_error").retryable and errored("api_error").retryable
-    assert isinstance(errored("rate_limit_error"), LLMRateLimited)
-    assert not errored("authentication_error").retryable
-    for kind in ("canceled", "expired"):
-        _, err = parse_result_line({"custom_id": "c", "result": {"type": kind}}, ENDPOINT, "m")
+    assert "invalid_request_error" in str(bad) and "max_tokens: Field required" in str(bad)
+    for cid, kind in (("my-fourth-request", "canceled"), ("my-fifth-request", "expired")):
+        err = got[cid]
         assert isinstance(err, LLMServerError) and err.retryable  # not run: submitted again
         assert kind in str(err)
+
+
+@pytest.mark.parametrize(
+    ("etype", "kind", "retryable"),
+    [
+        ("overloaded_error", LLMServerError, True),
+        ("api_error", LLMServerError, True),
+        ("rate_limit_error", LLMRateLimited, True),
+        ("authentication_error", LLMBadRequest, False),
+        ("an_error_type_not_yet_known", LLMServerError, True),
+    ],
+)
+def test_an_errored_result_is_retried_as_its_error_type_says(
+    etype: str, kind: type[LLMError], retryable: bool
+) -> None:
+    line = result_lines()["my-third-request"]
+    line["result"]["error"]["error"]["type"] = etype
+    cid, got = parse_result_line(line, ENDPOINT, "m")
+    assert cid == "my-third-request" and isinstance(got, kind)
+    assert got.retryable is retryable and etype in str(got)
+
+
+def test_a_line_of_an_unknown_result_type_is_a_failure_not_a_crash() -> None:
+    _, got = parse_result_line({"custom_id": "c", "result": {"type": "vanished"}}, ENDPOINT, "m")
+    assert isinstance(got, LLMServerError) and "unknown result type" in str(got)
+
+
+def test_a_batch_never_recorded_is_found_in_the_documented_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listing = fixture("list.json")
+    mine = listing["data"][0]
+    made = datetime.fromisoformat(mine["created_at"].replace("Z", "+00:00")).timestamp()
+    entry = {"request_ids": ["a", "b"], "submitted_at": made - 2.0}
+    backend = _backend()
+    calls = answering(backend, monkeypatch, listing, listing)
+    found = asyncio.run(backend._find(entry, claimed=set()))
+    assert found is not None and found.batch_id == mine["id"] and found.status == "in_progress"
+    assert calls[0][:2] == ("GET", "/messages/batches")
+    assert asyncio.run(backend._find(entry, claimed={mine["id"]})) is None  # claimed: not ours
 
 
 def test_a_batch_never_recorded_is_found_by_size_and_creation_time() -> None:
