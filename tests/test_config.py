@@ -112,6 +112,15 @@ def test_bad_overrides(item: str) -> None:
         apply_overrides({"a": {"b": 1}, "l": []}, [item])
 
 
+def test_a_bare_date_says_to_quote_it(tmp_path: Path) -> None:
+    """YAML reads ``2026-10-21`` (an Anthropic API version) as a date, which no request
+    body or config hash can hold: the error names the key and says to quote it."""
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, BASE), ["llm.backend_options.api_version=2026-10-21"])
+    assert info.value.key_path == "llm.backend_options.api_version"
+    assert '"2026-10-21"' in str(info.value) and "date" in str(info.value)
+
+
 def test_override_of_unknown_key_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_recipe(write(tmp_path, BASE), ["output.shards=3"])

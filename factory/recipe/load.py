@@ -13,6 +13,7 @@ path or asks whether a section is there.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import hashlib
 import json
@@ -120,6 +121,12 @@ def _check_json_data(raw: dict[str, Any]) -> None:
                 raise ConfigError(f"keys must be text, got {got}", key_path=_key_path(where))
             if isinstance(value, (dict, list)):
                 todo.append((where, value))
+            elif isinstance(value, datetime.date):  # YAML reads 2026-10-21 as a date
+                raise ConfigError(
+                    f'YAML read {value.isoformat()} as a date; quote it ("{value.isoformat()}") '
+                    "to mean the text, e.g. an API version",
+                    key_path=_key_path(where),
+                )
             elif not isinstance(value, _JSON_LEAVES):
                 got = f"{type(value).__name__} {short(repr(value), 40)}"
                 raise ConfigError(f"not a JSON value: {got}", key_path=_key_path(where))
