@@ -23,7 +23,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from factory.core.trajectory import Trajectory, canonical_json
 from factory.engine.jobs.amplify import PRIOR_CALLS, yield_estimate
@@ -102,7 +102,8 @@ class Costing:
         batched: the backend is a batch API (the run pays the batch prices).
         batch_backend: the backend to name for the batch column (None: none known).
         terms: the provider's ``CacheTerms`` (None: no cache assumed).
-        explicit: the backend's option turns an explicit context cache on.
+        explicit: the backend's option turns an explicit context cache on; "auto": where
+            it pays (``pricing.explicit_cache_pays``, as the backend decides at run time).
         note: why no cache is assumed, when the backend is not installed here.
     """
 
@@ -111,7 +112,7 @@ class Costing:
     batched: bool = False
     batch_backend: str | None = None
     terms: CacheTerms | None = None
-    explicit: bool = False
+    explicit: bool | Literal["auto"] = False
     writers: int = 1
     concurrency: int = 1
     note: str | None = None
@@ -148,7 +149,9 @@ def costing(cfg: Recipe) -> Costing:
             note=note,
         )
     terms = plugin.cache
-    explicit = bool(terms and terms.explicit_cache and getattr(options, "explicit_cache", False))
+    # The backend's explicit-cache switch (Gemini's ``explicit_cache: auto|on|off``).
+    mode = getattr(options, "explicit_cache", False)
+    explicit: bool | Literal["auto"] = "auto" if mode == "auto" else mode in (True, "on")
     return Costing(
         table,
         llm.backend,

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from factory.llm.backends.base import CacheTerms
-from factory.llm.pricing import Price, cost
+from factory.llm.pricing import Price, cost, explicit_cache_pays
 from factory.llm.types import Usage
 
 __all__ = [
@@ -111,7 +112,11 @@ def _hours(seconds: float) -> str:
 
 
 def estimate(
-    work: Workload, price: Price | None, terms: CacheTerms | None, *, explicit: bool = False
+    work: Workload,
+    price: Price | None,
+    terms: CacheTerms | None,
+    *,
+    explicit: bool | Literal["auto"] = False,
 ) -> CacheEstimate:
     """A stage's expected cost with and without the provider's prompt cache.
 
@@ -122,7 +127,9 @@ def estimate(
         terms: how the provider caches a prefix (``BackendPlugin.cache``); None: no
             cache the run pays less for.
         explicit: the backend holds the prefix in an explicit context cache (only where
-            ``terms.explicit_cache`` and the backend's option turns it on).
+            ``terms.explicit_cache`` and the backend's option turns it on); ``"auto"``:
+            where ``pricing.explicit_cache_pays`` says it pays for this stage's calls per
+            cache lifetime, as the backend decides at run time.
     """
     calls, static = max(work.calls, 0), max(work.static_tokens, 0)
     prompt = round(calls * (static + max(work.dynamic_tokens, 0.0)))
@@ -139,7 +146,17 @@ def estimate(
         )
         return CacheEstimate(plain, 0, uncached, uncached, None if price is None else 0.0, why)
     writers = max(work.writers, 1)
-    explicit = explicit and terms.explicit_cache
+    if explicit == "auto" and terms.explicit_cache:
+        windows = max(work.run_s / terms.ttl_s, 1.0) if terms.ttl_s > 0 else 1.0
+        explicit = explicit_cache_pays(
+            static,
+            calls / writers / windows,  # one actor's calls in one cache lifetime
+            price,
+            terms.ttl_s,
+            None if price is None else price.cache_storage_per_mtok_hour,
+            min_tokens=terms.min_tokens,
+        )
+    explicit = explicit is True and terms.explicit_cache
     if explicit:  # one explicit cache per actor, kept for the whole run
         writes = min(calls, writers)
         hours = work.run_s / 3600

@@ -41,6 +41,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "cost",
+    "explicit_cache_pays",
 ]
 
 _MTOK = 1_000_000
@@ -316,3 +317,33 @@ class PriceTable:
             if p.cache_storage_per_mtok_hour is not None:
                 out[model]["cache_storage_per_mtok_hour"] = p.cache_storage_per_mtok_hour
         return out
+
+
+def explicit_cache_pays(
+    prefix_tokens: int,
+    calls_expected: float,
+    price: Price | None,
+    ttl_s: float,
+    storage_per_mtok_hour: float | None,
+    *,
+    min_tokens: int,
+    implicit_hit_share: float = 0.0,
+) -> bool:
+    """Whether an explicit cache of a ``prefix_tokens`` prefix, used by ``calls_expected``
+    calls within one ``ttl_s``, costs less than sending the prefix with every call.
+
+    Saved per call: the prefix at the input rate less the cached rate, for the share of
+    calls the implicit cache would not have hit anyway (``implicit_hit_share``: Google
+    guarantees none, so the backend counts none). Paid once per TTL: the prefix at the
+    input rate (making the cache) and its storage for the TTL.
+
+    Returns False where it cannot pay or cannot be known to: a prefix shorter than the
+    model caches, no price, or no storage rate.
+    """
+    if prefix_tokens < min_tokens or price is None or storage_per_mtok_hour is None:
+        return False
+    per_call = prefix_tokens * (price.input_per_mtok - price.cached_input_per_mtok) / 1e6
+    saved = calls_expected * per_call * (1.0 - implicit_hit_share)
+    made = prefix_tokens * price.input_per_mtok / 1e6
+    stored = prefix_tokens * storage_per_mtok_hour * (ttl_s / 3600.0) / 1e6
+    return saved > made + stored

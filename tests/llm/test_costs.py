@@ -76,6 +76,21 @@ def test_gemini_explicit_cache_counts_its_storage_per_token_hour() -> None:
     assert estimate(WORK, price, OPENAI_CACHE, explicit=True).storage_usd == 0.0
 
 
+def test_auto_holds_an_explicit_cache_only_where_the_backend_would_find_it_pays() -> None:
+    """``explicit_cache: auto`` is planned as the Gemini backend decides at run time
+    (``pricing.explicit_cache_pays`` on one actor's calls per cache lifetime): a busy stage
+    gets the cache, a stage of a few calls or a model without a storage price does not."""
+    price = TABLE.lookup("gemini-2.5-flash")
+    assert price is not None
+    busy = estimate(WORK, price, GEMINI, explicit="auto")
+    assert busy.writes == 2 and busy.storage_usd and busy.storage_usd > 0  # explicit
+    few = Workload(calls=2, static_tokens=6000, dynamic_tokens=1000, output_tokens=800,
+                   writers=2, run_s=3 * 3600)  # fmt: skip
+    assert estimate(few, price, GEMINI, explicit="auto").storage_usd == 0.0  # implicit
+    unstored = TABLE.lookup("gpt-5")  # no storage price: never explicit
+    assert estimate(WORK, unstored, GEMINI, explicit="auto").storage_usd == 0.0
+
+
 @pytest.mark.parametrize("model", ["gpt-5", "claude-sonnet-4-5", "gemini-2.5-pro"])
 def test_batch_halves_the_cached_estimate_and_stacks_with_caching(model: str) -> None:
     online, batch = TABLE.lookup(model), TABLE.lookup_batch(model)

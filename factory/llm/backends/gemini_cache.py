@@ -4,11 +4,12 @@ Why: Gemini caches a repeated prefix implicitly (no cost, no guarantee) and offe
 explicit cache (``POST {base}/cachedContents``) whose reads are guaranteed the cached
 rate, at a price: the cached tokens are billed once at the input rate when the cache is
 made, and then per token-hour of storage (https://ai.google.dev/gemini-api/docs/caching,
-https://ai.google.dev/gemini-api/docs/pricing). :func:`explicit_cache_pays` decides from
-the price table whether the calls expected within one TTL save more than that; the
-``gemini`` backend asks it once per static prefix (``backend_options.explicit_cache:
-auto``), after counting the prefix's requests for ``cache_decide_after_s``, or skips it
-(``on``: always, where the prefix is long enough; ``off``: never).
+https://ai.google.dev/gemini-api/docs/pricing). ``factory.llm.pricing.explicit_cache_pays``
+(the plan's estimate asks the same) decides from the price table whether the calls expected
+within one TTL save more than that; the ``gemini`` backend asks it once per static prefix
+(``backend_options.explicit_cache: auto``), after counting the prefix's requests for
+``cache_decide_after_s``, or skips it (``on``: always, where the prefix is long enough;
+``off``: never).
 
 An :class:`ExplicitCache` belongs to one endpoint of one actor's backend. It makes a cache
 lazily, on the first request that should use it (one creation however many requests wait
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from factory.errors import LLMError
+from factory.llm.pricing import explicit_cache_pays
 from factory.llm.types import Request
 
 if TYPE_CHECKING:
@@ -45,7 +47,6 @@ __all__ = [
     "CacheBook",
     "CacheWire",
     "ExplicitCache",
-    "explicit_cache_pays",
     "min_cache_tokens",
     "prefix_tokens",
 ]
@@ -77,36 +78,6 @@ def prefix_tokens(request: Request) -> int:
     chars = sum(len(m.content) for m in request.static)
     chars += sum(len(t.name) + len(t.description) + len(str(t.parameters)) for t in request.tools)
     return chars // 4
-
-
-def explicit_cache_pays(
-    prefix_tokens: int,
-    calls_expected: float,
-    price: Price | None,
-    ttl_s: float,
-    storage_per_mtok_hour: float | None,
-    *,
-    min_tokens: int,
-    implicit_hit_share: float = 0.0,
-) -> bool:
-    """Whether an explicit cache of a ``prefix_tokens`` prefix, used by ``calls_expected``
-    calls within one ``ttl_s``, costs less than sending the prefix with every call.
-
-    Saved per call: the prefix at the input rate less the cached rate, for the share of
-    calls the implicit cache would not have hit anyway (``implicit_hit_share``: Google
-    guarantees none, so the backend counts none). Paid once per TTL: the prefix at the
-    input rate (making the cache) and its storage for the TTL.
-
-    Returns False where it cannot pay or cannot be known to: a prefix shorter than the
-    model caches, no price, or no storage rate.
-    """
-    if prefix_tokens < min_tokens or price is None or storage_per_mtok_hour is None:
-        return False
-    per_call = prefix_tokens * (price.input_per_mtok - price.cached_input_per_mtok) / 1e6
-    saved = calls_expected * per_call * (1.0 - implicit_hit_share)
-    made = prefix_tokens * price.input_per_mtok / 1e6
-    stored = prefix_tokens * storage_per_mtok_hour * (ttl_s / 3600.0) / 1e6
-    return saved > made + stored
 
 
 @dataclass

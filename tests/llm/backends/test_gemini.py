@@ -25,8 +25,8 @@ from factory.llm.backends.gemini import (
     retry_delay_s,
     usage_from_gemini,
 )
-from factory.llm.backends.gemini_cache import explicit_cache_pays, min_cache_tokens
-from factory.llm.pricing import Price
+from factory.llm.backends.gemini_cache import min_cache_tokens
+from factory.llm.pricing import Price, explicit_cache_pays
 from factory.llm.types import Message, Request, Tool, ToolCall, Usage
 from factory.recipe import LLMConfig
 
