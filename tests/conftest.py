@@ -52,62 +52,8 @@ SLOW_FIXTURES = frozenset({"ray_session"})
 SLOW_MARKERS = ("ray", "slow")
 
 
-# The slowest test modules, their serial seconds in a whole-suite run (--durations=0,
-# 2026-11-28, two workers on 2 cores). Approximate: only their order and rough size matter.
-LONG_MODULES: dict[str, float] = {
-    "tests/e2e/test_lifecycle.py": 170,
-    "tests/e2e/test_nodes.py": 130,
-    "tests/e2e/test_envsim.py": 90,
-    "tests/e2e/test_object_storage.py": 85,
-    "tests/engine/test_serve.py": 80,
-    "tests/e2e/test_resume.py": 75,
-    "tests/e2e/test_faults.py": 65,
-    "tests/e2e/test_batch.py": 60,
-    "tests/test_lint.py": 55,
-}
-
-
-def long_first(modules: list[str], workers: int, weights: Mapping[str, float]) -> list[int]:
-    """A new order of the collection (indices into ``modules``, each test's module in
-    collection order) in which each of the ``workers`` blocks that ``--dist worksteal``
-    hands out begins with its share of the long modules (``weights``, seconds).
-
-    Why: worksteal gives worker i the i-th contiguous block of the collection (sizes
-    ``remaining // workers_left``, as xdist computes them), and a worker that runs out
-    steals the *tail* of the other's queue. In collection order every long e2e module
-    sits in one block, and a 90 s test can be the last to run while the other worker
-    idles. With the long ones first in each block (split longest-first onto the less
-    loaded block), what is stolen and what runs last is short, so the workers end
-    together. Tests of one module stay together and in their order (module fixtures).
-    """
-    by_module: dict[str, list[int]] = {}
-    for i, module in enumerate(modules):
-        by_module.setdefault(module, []).append(i)
-    blocks: list[list[int]] = [[] for _ in range(max(workers, 1))]
-    load = [0.0] * len(blocks)
-    for module in sorted((m for m in by_module if m in weights), key=lambda m: -weights[m]):
-        b = load.index(min(load))
-        blocks[b] += by_module[module]
-        load[b] += weights[module]
-    rest = [i for m, idx in by_module.items() if m not in weights for i in idx]
-    order: list[int] = []
-    remaining = len(modules)
-    for b, block in enumerate(blocks):
-        size = remaining // (len(blocks) - b)
-        remaining -= size
-        take = len(rest) if b == len(blocks) - 1 else max(size - len(block), 0)
-        order += block + rest[:take]
-        del rest[:take]
-    return order
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the slow tests: whole runs (``tests/e2e/``), Ray sessions, the ``ray`` marker.
-    Under xdist, order the collection so that the long modules run first (``long_first``)."""
-    workers = getattr(config, "workerinput", {}).get("workercount", 0)
-    if workers > 1:
-        modules = [Path(str(item.fspath)).relative_to(ROOT).as_posix() for item in items]
-        items[:] = [items[i] for i in long_first(modules, workers, LONG_MODULES)]
+    """Mark the slow tests: whole runs (``tests/e2e/``), Ray sessions, the ``ray`` marker."""
     e2e = ROOT / "tests" / "e2e"
     for item in items:
         path = Path(str(item.fspath))
