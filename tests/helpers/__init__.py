@@ -13,7 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -567,54 +566,3 @@ def ray_log_files() -> list[Path]:
     stderr, raylet, GCS): where the secret scans look for a credential."""
     root = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray"))
     return [p for logs in root.glob("session_*/logs") for p in logs.rglob("*") if p.is_file()]
-
-
-# Ray's per-node agents, by process title (``ray::...``) or script (before the title is set).
-RAY_AGENTS = (
-    "DashboardAgent",
-    "RuntimeEnvAgent",
-    "dashboard/agent.py",
-    "runtime_env/agent/main.py",
-)
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _ray_agent(p: psutil.Process) -> bool:
-    try:
-        title = " ".join([p.name(), *p.cmdline()])
-    except psutil.Error:
-        return False
-    return any(a in title for a in RAY_AGENTS)
-
-
-def wait_run_gone(tree: list[psutil.Process], what: str, timeout_s: float = 120) -> None:
-    """Wait until the processes of a killed run (``tree``: its driver's descendants) have
-    exited, then end Ray's node agents among them.
-
-    Why the agents are not waited for: when their raylet dies unexpectedly, Ray 2.60's
-    agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) publish its last log lines
-    to the GCS, which died with it, with a fixed 60 s timeout (``report_raylet_error_logs``),
-    and only then exit: measured 60 s of every kill-the-driver test spent waiting on them
-    (2026-11-28). They make no LLM request and write nothing of the run, so the run's own
-    processes (raylet, GCS, workers) are what must end; the agents are then killed so that
-    no test leaves a process behind.
-    """
-    deadline = time.time() + timeout_s
-    while left := [p for p in tree if _alive(p) and not _ray_agent(p)]:
-        if time.time() > deadline:
-            for p in left:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            raise AssertionError(f"{what} outlived the driver: {[p.pid for p in left]}")
-        time.sleep(0.1)
-    agents = [p for p in tree if _alive(p)]
-    for p in agents:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(agents, timeout=30)
