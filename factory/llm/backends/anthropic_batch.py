@@ -229,12 +229,10 @@ class AnthropicBatchBackend(BatchLifecycle):
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ):
         super().__init__(
-            base_url=base_url, model=model, price=price, options=options,
-            max_submissions=max_submissions, journal=journal, sleep=sleep,
+            base_url=base_url, api_key=api_key, model=model, sampling=sampling, price=price,
+            options=options, max_submissions=max_submissions, journal=journal, sleep=sleep,
         )  # fmt: skip
         self.options: AnthropicBatchOptions = options
-        self._api_key = api_key
-        self._sampling = dict(sampling)
         self._params: IdentityMemo[Mapping[str, Any], dict[str, Any]] = IdentityMemo(
             lambda s: anthropic_params(
                 model, s, api_version=options.api_version, thinking_budget=options.thinking_budget

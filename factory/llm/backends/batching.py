@@ -201,7 +201,9 @@ class BatchLifecycle(Backend):
         self,
         *,
         base_url: str,
+        api_key: str,
         model: str,
+        sampling: Mapping[str, Any],
         price: Price | None,
         options: BatchingOptions,
         max_submissions: int,
@@ -211,6 +213,8 @@ class BatchLifecycle(Backend):
         self.base_url = base_url.rstrip("/")
         self.endpoint = Endpoint(base_url=base_url).name
         self.model = model
+        self._api_key = api_key  # for :meth:`_headers`
+        self._sampling = dict(sampling)  # a request's own sampling wins (``request.sampling``)
         self._price = price
         self.options = options
         self.max_submissions = max(1, max_submissions)

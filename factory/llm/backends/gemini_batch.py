@@ -188,12 +188,11 @@ class GeminiBatchBackend(BatchLifecycle):
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ):
         super().__init__(
-            base_url=endpoint_url(base_url, API_VERSION), model=model, price=price,
-            options=options, max_submissions=max_submissions, journal=journal, sleep=sleep,
+            base_url=endpoint_url(base_url, API_VERSION), api_key=api_key, model=model,
+            sampling=sampling, price=price, options=options, max_submissions=max_submissions,
+            journal=journal, sleep=sleep,
         )  # fmt: skip
         self.options: GeminiBatchOptions = options
-        self._api_key = api_key
-        self._sampling = dict(sampling)
         self._params: IdentityMemo[Mapping[str, Any], dict[str, Any]] = IdentityMemo(
             lambda s: gemini_params(
                 model,

@@ -149,12 +149,10 @@ class BatchBackend(BatchLifecycle):
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ):
         super().__init__(
-            base_url=base_url, model=model, price=price, options=options,
-            max_submissions=max_submissions, journal=journal, sleep=sleep,
+            base_url=base_url, api_key=api_key, model=model, sampling=sampling, price=price,
+            options=options, max_submissions=max_submissions, journal=journal, sleep=sleep,
         )  # fmt: skip
         self.options: BatchOptions = options
-        self._api_key = api_key
-        self._sampling = dict(sampling)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"}
